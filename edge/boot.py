@@ -1,0 +1,250 @@
+"""``edge serve``: boot the runtime to READY, then serve until SIGTERM.
+
+Stages, in order (independent ones overlap, see ``boot``)::
+
+    open_package ─┬─ import_engine ─ map_weights ─ prewarm_device ─ preallocate ─ warm_buckets ─ bind ─ READY
+                  ├─ load_tokenizer (thread)                                                         ▲
+                  └─ verify_package (thread: sha256 of the files this engine maps) ──────────────────┘
+
+Each stage's start and end (ms since exec) go into the timeline, which is
+logged as one JSON line, written to a file and returned by ``stats``. A stage
+that fails exits non-zero with an error naming the stage and the setting to
+change; systemd restarts the unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from edge.errors import BootError, EdgeError, ErrorCode
+from edge.log import log
+from edge.notify import notify
+from edge.timeline import Timeline
+
+__all__ = ["main", "boot", "default_package_dir", "ensure_default_package"]
+
+ENGINES = ("onnxruntime", "torchscript")
+DEFAULT_ENGINE = "onnxruntime"
+DEFAULT_PACKAGE_NAME = "all-MiniLM-L6-v2"
+DEFAULT_DRAIN_TIMEOUT_S = 10.0  # SIGTERM to exit; systemd's TimeoutStopSec must exceed it
+
+
+def default_package_dir() -> Path:
+    """Where the default model package lives (built there on first use)."""
+    from edge import __version__
+
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "edge" / "packages" / f"{DEFAULT_PACKAGE_NAME}-edge{__version__}"
+
+
+def ensure_default_package(path: Path) -> Path:
+    """Build the default package with the build-host tool if it is not there.
+
+    The device never builds (its bundle ships the package); this is for a
+    developer machine where ``edge serve`` must work right after install. The
+    build goes to a sibling directory first and is renamed into place, so an
+    interrupted build never leaves a half package behind.
+    """
+    if (path / "manifest.json").exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + f".building-{os.getpid()}")
+    log("package.build", out=str(path), reason="default package not built yet")
+    cmd = [sys.executable, "-m", "image.package", "build", "--out", str(staging)]
+    result = subprocess.run(cmd, stdout=sys.stderr)
+    if result.returncode != 0:
+        raise BootError(
+            f"building the default package failed (exit {result.returncode}): {' '.join(cmd)}",
+            stage="build_package",
+            setting="--package DIR (a package built with `edge-package build --out DIR`)",
+        )
+    try:
+        os.rename(staging, path)
+    except OSError:
+        # Another process built it meanwhile: keep theirs.
+        if not (path / "manifest.json").exists():
+            raise
+    return path
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="edge serve", description="Boot the runtime and serve ZeroMQ requests.")
+    p.add_argument("--package", default=env.get("EDGE_PACKAGE"), help="model package directory (default: the MiniLM package, built on first use; env EDGE_PACKAGE)")
+    p.add_argument("--engine", choices=ENGINES, default=env.get("EDGE_ENGINE", DEFAULT_ENGINE), help="inference engine (env EDGE_ENGINE)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=env.get("EDGE_DEVICE", "auto"), help="where the engine runs; auto picks CUDA when present (env EDGE_DEVICE)")
+    p.add_argument("--bind", default=env.get("EDGE_BIND"), help="ZeroMQ address (default ipc:// under $XDG_RUNTIME_DIR or /run/edge; env EDGE_BIND)")
+    p.add_argument("--timeline", default=env.get("EDGE_TIMELINE"), help="file for the boot timeline JSON (default: beside the ipc socket, else /tmp)")
+    p.add_argument("--verify", choices=("full", "size"), default=env.get("EDGE_VERIFY", "full"), help="package check at boot: sha256 of the mapped files (overlapped with warm-up) or sizes only")
+    p.add_argument("--drain-timeout", type=float, default=float(env.get("EDGE_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S)), help="seconds to finish in-flight requests after SIGTERM")
+    p.add_argument("--cuda-reserve-mb", type=int, default=int(env.get("EDGE_CUDA_RESERVE_MB", 512)), help="device memory reserved up front on CUDA")
+    return p.parse_args(argv)
+
+
+class _Background(threading.Thread):
+    """A stage run beside the main sequence; re-raises its error on join."""
+
+    def __init__(self, timeline: Timeline, name: str, fn, *args) -> None:
+        super().__init__(name=f"boot-{name}", daemon=True)
+        self._timeline, self._stage, self._fn, self._args = timeline, name, fn, args
+        self.result = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with self._timeline.stage(self._stage, overlapped=True):
+                self.result = self._fn(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+            self.error = exc
+
+    def result_or_raise(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _stage_error(stage: str, exc: BaseException, setting: str) -> BootError:
+    if isinstance(exc, BootError):
+        exc.stage = exc.stage or stage
+        exc.setting = exc.setting or setting
+        return exc
+    code = exc.code if isinstance(exc, EdgeError) else ErrorCode.BOOT_STAGE_FAILED
+    return BootError(f"{type(exc).__name__}: {exc}", code, stage=stage, setting=setting)
+
+
+class _Stages:
+    """Runs each stage inside the timeline and turns failures into BootError."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+
+    def run(self, name: str, setting: str, fn, *args, **info):
+        try:
+            with self.timeline.stage(name, **info):
+                return fn(*args)
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise _stage_error(name, exc, setting) from exc
+
+    def join(self, name: str, setting: str, task: _Background):
+        try:
+            return task.result_or_raise()
+        except BaseException as exc:
+            raise _stage_error(name, exc, setting) from exc
+
+
+def boot(args: argparse.Namespace, timeline: Timeline):
+    """Run every stage up to a bound, started server; returns (server, info)."""
+    from edge import warmup
+    from edge.engines import import_engine, load_engine
+    from edge.ipc.server import IpcServer, default_bind_address
+    from edge.preload.manifest import open_package
+    from edge.preload.tokenizer import Tokenizer
+
+    stages = _Stages(timeline)
+    if args.package:
+        package_dir = Path(args.package)
+    else:
+        package_dir = stages.run("build_package", "--package DIR", ensure_default_package, default_package_dir())
+    pkg = stages.run("open_package", "--package DIR", open_package, package_dir, "size")
+    manifest = pkg.manifest
+    engine_files = pkg.engine_files(args.engine)
+    tokenizer_file = manifest.tokenizer
+    verify = None
+    if args.verify == "full":
+        verify = _Background(timeline, "verify_package", pkg.verify_files, [*engine_files, tokenizer_file])
+    tokenizer_task = _Background(timeline, "load_tokenizer", Tokenizer.open, pkg.path(tokenizer_file))
+
+    stages.run("import_engine", "--engine", import_engine, args.engine, engine=args.engine)
+    engine = stages.run("map_weights", "--engine / --device", load_engine, pkg, args.engine, args.device)
+    tokenizer = stages.join("load_tokenizer", "--package DIR (its tokenizer file)", tokenizer_task)
+    serving = manifest.serving_dict()
+    stages.run("prewarm_device", "--device / --cuda-reserve-mb", warmup.prewarm_device, engine, args.cuda_reserve_mb)
+    buffers = stages.run("preallocate", "serving.max_batch_size in the package", warmup.preallocate, serving, engine, tokenizer.pad_id)
+    plan = warmup.warm_plan(serving, engine)
+    stages.run(
+        "warm_buckets", "serving.warm in the package", warmup.warm_buckets, engine, buffers, plan,
+        tokenizer.cls_id, tokenizer.sep_id, shapes=len(plan.shapes), repeats=plan.repeats,
+    )
+    lineage = {
+        "model": manifest.name,
+        "model_sha256": manifest.model_sha256,
+        "tokenizer_sha256": manifest.tokenizer_sha256,
+        "package_sha256": manifest.package_sha256,
+        "engine": engine.name,
+        "device": engine.device,
+    }
+    bind = args.bind or default_bind_address()
+    server = IpcServer(
+        bind=bind, engine=engine, tokenizer=tokenizer, serving=serving,
+        max_seq_length=manifest.max_seq_length, lineage=lineage, input_buffers=buffers,
+        timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
+    )
+    stages.run("bind", "--bind ADDR", server.bind, address=bind)
+    if verify is not None:
+        stages.join("verify_package", "--package DIR (rebuild or re-copy it) or --verify size", verify)
+    stages.run("start_server", "--bind ADDR", server.start)
+    timeline.mark_ready()
+    return server, {"bind": bind, "package": str(package_dir), "lineage": lineage}
+
+
+def _timeline_path(args: argparse.Namespace, bind: str) -> Path:
+    if args.timeline:
+        return Path(args.timeline)
+    if bind.startswith("ipc://"):
+        return Path(bind[len("ipc://"):]).with_name("timeline.json")
+    return Path("/tmp/edge-timeline.json")
+
+
+def _write_timeline(path: Path, record: dict) -> None:
+    try:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log("timeline.write_failed", path=str(path), error=str(exc))
+
+
+def serve(args: argparse.Namespace) -> int:
+    timeline = Timeline()
+    stop = threading.Event()
+    # Installed before boot so a SIGTERM during boot still ends us cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        server, info = boot(args, timeline)
+    except BootError as exc:
+        log("boot.failed", stage=exc.stage, code=int(exc.code), name=exc.code.name, error=str(exc), setting=exc.setting, timeline=timeline.as_dict())
+        notify(f"STATUS=boot failed in {exc.stage}: {exc.message}"[:400])
+        print(f"edge: {exc}", file=sys.stderr)
+        return 1
+    record = {**timeline.as_dict(), **info}
+    log("boot.ready", **record)
+    _write_timeline(_timeline_path(args, info["bind"]), record)
+    notify("READY=1", f"STATUS=serving {info['lineage']['model']} on {info['bind']} ({info['lineage']['engine']}/{info['lineage']['device']})", f"MAINPID={os.getpid()}")
+    while not stop.wait(1.0):
+        pass
+    log("shutdown.draining", drain_timeout_s=args.drain_timeout)
+    notify("STOPPING=1", "STATUS=draining")
+    server.request_drain()
+    drained = server.wait(args.drain_timeout)
+    log("shutdown.done", drained=drained)
+    return 0 if drained else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return serve(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
