@@ -1,0 +1,171 @@
+"""open_package / ModelPackage: the real package opens; tampered, truncated or missing files are refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from edge.errors import ErrorCode, PackageError
+from edge.preload.manifest import Manifest, ModelPackage, manifest_digest, open_package
+
+MODEL_FILES = ["model.ts", "weights.safetensors", "model.onnx", "model.ort", "tokenizer.fb"]
+
+
+def clone(src: Path, dst: Path, *, copy: tuple[str, ...] = ()) -> Path:
+    """A package directory whose files link to ``src`` except ``copy`` (real copies, safe to modify)."""
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name in copy or p.name == "manifest.json":
+            shutil.copyfile(p, dst / p.name)
+        else:
+            (dst / p.name).symlink_to(p.resolve())
+    return dst
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def rewrite_manifest(root: Path, edit, *, rehash: bool = True) -> None:
+    data = json.loads((root / "manifest.json").read_text())
+    edit(data)
+    if rehash:
+        data["package_sha256"] = manifest_digest(data)
+    (root / "manifest.json").write_text(json.dumps(data))
+
+
+def test_real_package_opens(minilm_package):
+    pkg = open_package(minilm_package, verify="full")
+    assert isinstance(pkg, ModelPackage) and isinstance(pkg.manifest, Manifest)
+    m = pkg.manifest
+    assert set(MODEL_FILES) <= set(m.files)
+    for name, entry in m.files.items():
+        assert pkg.path(name).stat().st_size == entry.size
+    assert m.output_dim == 384 and m.max_seq_length == 256 and m.pooling == "mean" and m.normalize
+    assert [(i.name, i.dtype, i.shape) for i in m.inputs] == [
+        ("input_ids", "int64", ["batch", "sequence"]),
+        ("attention_mask", "int64", ["batch", "sequence"]),
+    ]
+    assert [(o.name, o.dtype, o.shape) for o in m.outputs] == [("embedding", "float32", ["batch", 384])]
+    assert m.serving.buckets == [16, 32, 64, 128, 256] and m.serving.batch_sizes == [1, 2, 4, 8, 16, 32]
+    assert m.serving.max_batch_tokens == 8192 and m.serving.max_delay_ms == 2.0
+    assert m.source["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert {"torch", "onnx", "onnxruntime", "python"} <= set(m.tool_versions)
+    assert pkg.identity["tokenizer_sha256"] == m.files["tokenizer.fb"].sha256
+    assert pkg.identity["package_sha256"] == m.package_sha256
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_tampered_file_is_refused_naming_it(minilm_package, tmp_path, name):
+    root = clone(minilm_package, tmp_path / "pkg", copy=(name,))
+    size = (root / name).stat().st_size
+    flip_byte(root / name, size // 2)
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="full")
+    assert info.value.code == ErrorCode.PACKAGE_HASH_MISMATCH
+    assert info.value.file == name and name in str(info.value)
+    # A size check alone cannot see a flipped byte; verify_files can, file by file.
+    pkg = open_package(root, verify="size")
+    with pytest.raises(PackageError) as info:
+        pkg.verify_files([name])
+    assert info.value.file == name
+
+
+@pytest.mark.parametrize("name", ["model.ort", "weights.safetensors", "tokenizer.fb"])
+@pytest.mark.parametrize("verify", ["size", "full"])
+def test_truncated_file_is_refused_naming_it(minilm_package, tmp_path, name, verify):
+    root = clone(minilm_package, tmp_path / "pkg", copy=(name,))
+    with open(root / name, "r+b") as f:
+        f.truncate((root / name).stat().st_size - 1000)
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify=verify)
+    assert info.value.code == ErrorCode.PACKAGE_SIZE_MISMATCH and info.value.file == name
+
+
+def test_missing_file_is_refused(minilm_package, tmp_path):
+    root = clone(minilm_package, tmp_path / "pkg")
+    (root / "model.ts").unlink()
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="size")
+    assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING and info.value.file == "model.ts"
+
+
+def test_missing_manifest(tmp_path):
+    with pytest.raises(PackageError) as info:
+        open_package(tmp_path)
+    assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING and info.value.file == "manifest.json"
+
+
+def test_not_a_directory(tmp_path):
+    with pytest.raises(PackageError) as info:
+        open_package(tmp_path / "nowhere")
+    assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING
+
+
+def test_edited_manifest_is_refused(minilm_package, tmp_path):
+    root = clone(minilm_package, tmp_path / "pkg")
+    rewrite_manifest(root, lambda d: d.update(max_seq_length=512), rehash=False)
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="none")
+    assert info.value.code == ErrorCode.PACKAGE_HASH_MISMATCH and info.value.file == "manifest.json"
+
+
+def test_manifest_hash_swapped_for_a_tampered_file(minilm_package, tmp_path):
+    """Re-hashing the manifest is not enough: model_sha256 binds the file hashes."""
+    root = clone(minilm_package, tmp_path / "pkg")
+    rewrite_manifest(root, lambda d: d["files"]["model.ts"].update(sha256="0" * 64))
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="none")
+    assert info.value.code == ErrorCode.PACKAGE_HASH_MISMATCH and info.value.file == "manifest.json"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.update(format_version=99),
+        lambda d: d.pop("inputs"),
+        lambda d: d.update(output_dim=-1),
+        lambda d: d["files"].update({"../escape": {"sha256": "0" * 64, "size": 1}}),
+        lambda d: d["serving"].update(buckets=[64, 32]),
+        lambda d: d["engines"]["onnxruntime"]["files"].append("absent.bin"),
+    ],
+    ids=["format_version", "no_inputs", "negative_dim", "path_escape", "unsorted_buckets", "engine_file_unlisted"],
+)
+def test_invalid_manifest_is_refused(minilm_package, tmp_path, edit):
+    root = clone(minilm_package, tmp_path / "pkg")
+    rewrite_manifest(root, edit)
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="none")
+    assert info.value.code == ErrorCode.PACKAGE_INVALID and info.value.file == "manifest.json"
+
+
+def test_manifest_not_json(tmp_path):
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(PackageError) as info:
+        open_package(tmp_path)
+    assert info.value.code == ErrorCode.PACKAGE_INVALID and info.value.file == "manifest.json"
+
+
+def test_path_of_unlisted_file(minilm_package):
+    pkg = open_package(minilm_package, verify="none")
+    with pytest.raises(PackageError) as info:
+        pkg.path("other.bin")
+    assert info.value.file == "other.bin"
+
+
+def test_load_engine_refuses_a_truncated_package(minilm_package, tmp_path):
+    from edge.engines import load_engine
+
+    root = clone(minilm_package, tmp_path / "pkg", copy=("model.ort",))
+    with open(root / "model.ort", "r+b") as f:
+        f.truncate(4096)
+    with pytest.raises(PackageError) as info:
+        load_engine(root, "onnxruntime", device="cpu")
+    assert info.value.file == "model.ort"

@@ -1,0 +1,78 @@
+"""Warm-up plan and buffers (the CUDA branches run only where CUDA exists)."""
+
+import numpy as np
+import pytest
+
+from edge import warmup
+
+SERVING = {
+    "buckets": [16, 32, 64, 128, 256],
+    "batch_sizes": [1, 2, 4, 8, 16, 32],
+    "max_batch_size": 32,
+    "max_batch_tokens": 4096,
+}
+
+
+class RecordingEngine:
+    name = "onnxruntime"
+
+    def __init__(self, device="cpu"):
+        self.device = device
+        self.calls = []
+
+    def run(self, ids, mask):
+        self.calls.append((ids.shape, int(mask.sum()), ids.base is not None))
+        return np.ones((ids.shape[0], 4), dtype=np.float32)
+
+
+def test_cpu_plan_defaults_to_one_run_per_bucket_largest_first():
+    plan = warmup.warm_plan(SERVING, RecordingEngine("cpu"))
+    assert plan.shapes == [(1, 256), (1, 128), (1, 64), (1, 32), (1, 16)]
+    assert plan.repeats == 1
+
+
+def test_cuda_plan_covers_every_shape_within_token_budget():
+    plan = warmup.warm_plan(SERVING, RecordingEngine("cuda:0"))
+    expected = {(b, t) for t in SERVING["buckets"] for b in SERVING["batch_sizes"] if b * t <= 4096}
+    assert set(plan.shapes) == expected
+    assert plan.shapes[0][0] * plan.shapes[0][1] == plan.largest_tokens() == 4096
+    assert plan.repeats == 3
+
+
+def test_package_settings_override_defaults():
+    serving = {**SERVING, "warm": {"cpu": {"batch_sizes": [1, 4], "repeats": 2}}}
+    plan = warmup.warm_plan(serving, RecordingEngine("cpu"))
+    assert (4, 256) in plan.shapes and plan.repeats == 2
+
+
+def test_preallocate_bounds_rows_by_batch_tokens():
+    buffers = warmup.preallocate(SERVING, RecordingEngine("cpu"), pad_id=0)
+    assert sorted(buffers) == SERVING["buckets"]
+    ids, mask = buffers[256]
+    assert ids.shape == mask.shape == (16, 256)  # 4096 tokens // 256
+    assert buffers[16][0].shape == (32, 16)
+    assert ids.dtype == np.int64 and ids.flags.c_contiguous
+
+
+def test_warm_buckets_runs_views_of_the_preallocated_buffers():
+    engine = RecordingEngine("cpu")
+    serving = {**SERVING, "warm": {"cpu": {"batch_sizes": [1, 2], "repeats": 2}}}
+    buffers = warmup.preallocate(serving, engine)
+    plan = warmup.warm_plan(serving, engine)
+    info = warmup.warm_buckets(engine, buffers, plan)
+    assert info["runs"] == len(engine.calls) == 2 * len(plan.shapes)
+    assert all(is_view for _, _, is_view in engine.calls)
+    assert engine.calls[0][0] == (2, 256) and engine.calls[0][1] == 512
+    # masks are cleared afterwards, so stale rows never look like real tokens
+    assert all(int(m.sum()) == 0 for _, m in buffers.values())
+
+
+def test_warm_buckets_rejects_bad_engine_output():
+    class Broken(RecordingEngine):
+        def run(self, ids, mask):
+            return np.full((ids.shape[0], 4), np.nan, dtype=np.float32)
+
+    engine = Broken()
+    buffers = warmup.preallocate(SERVING, engine)
+    with pytest.raises(RuntimeError, match="warm-up of shape"):
+        warmup.warm_buckets(engine, buffers, warmup.warm_plan(SERVING, engine))
