@@ -33,6 +33,8 @@ __all__ = ["main", "boot", "default_package_dir", "ensure_default_package"]
 ENGINES = ("onnxruntime", "torchscript")
 DEFAULT_ENGINE = "onnxruntime"
 DEFAULT_PACKAGE_NAME = "all-MiniLM-L6-v2"
+# Warm-up input: ordinary prose, long enough to fill the largest bucket.
+WARM_TEXT = "The device warms every bucket with ordinary text before it reports ready. " * 40
 DEFAULT_DRAIN_TIMEOUT_S = 10.0  # SIGTERM to exit; systemd's TimeoutStopSec must exceed it
 
 
@@ -174,7 +176,8 @@ def boot(args: argparse.Namespace, timeline: Timeline):
     plan = warmup.warm_plan(serving, engine)
     stages.run(
         "warm_buckets", "serving.warm in the package", warmup.warm_buckets, engine, buffers, plan,
-        tokenizer.cls_id, tokenizer.sep_id, shapes=len(plan.shapes), repeats=plan.repeats,
+        tokenizer.encode(WARM_TEXT, max_length=max(serving["buckets"])).ids,
+        shapes=len(plan.shapes), repeats=plan.repeats,
     )
     lineage = {
         "model": manifest.name,

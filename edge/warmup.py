@@ -115,17 +115,21 @@ def preallocate(serving: dict, engine, pad_id: int = 0) -> dict[int, tuple[np.nd
     return buffers
 
 
-def warm_buckets(engine, buffers: dict, plan: WarmPlan, cls_id: int = 101, sep_id: int = 102) -> dict:
-    """Run every planned shape ``plan.repeats`` times on realistic-looking input."""
+def warm_buckets(engine, buffers: dict, plan: WarmPlan, sample_ids: list[int]) -> dict:
+    """Run every planned shape ``plan.repeats`` times.
+
+    Rows hold ``sample_ids`` (a real text's ids, specials included) so the
+    engine sees the value ranges of serving, whatever the tokenizer.
+    """
     runs = 0
     for batch, tokens in plan.shapes:
         ids, mask = buffers[tokens]
         if batch > ids.shape[0]:
             continue
+        row = np.asarray(sample_ids[:tokens], dtype=np.int64)
         view_ids, view_mask = ids[:batch], mask[:batch]  # (B, T)
-        view_ids[:] = sep_id
-        view_ids[:, 0] = cls_id
-        view_mask[:] = 1
+        view_ids[:, : len(row)] = row
+        view_mask[:, : len(row)] = 1
         for _ in range(plan.repeats):
             out = engine.run(view_ids, view_mask)  # (B, D)
             if out.shape[0] != batch or not np.isfinite(out).all():

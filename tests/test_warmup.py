@@ -59,7 +59,7 @@ def test_warm_buckets_runs_views_of_the_preallocated_buffers():
     serving = {**SERVING, "warm": {"cpu": {"batch_sizes": [1, 2], "repeats": 2}}}
     buffers = warmup.preallocate(serving, engine)
     plan = warmup.warm_plan(serving, engine)
-    info = warmup.warm_buckets(engine, buffers, plan)
+    info = warmup.warm_buckets(engine, buffers, plan, list(range(1, 300)))
     assert info["runs"] == len(engine.calls) == 2 * len(plan.shapes)
     assert all(is_view for _, _, is_view in engine.calls)
     assert engine.calls[0][0] == (2, 256) and engine.calls[0][1] == 512
@@ -75,4 +75,4 @@ def test_warm_buckets_rejects_bad_engine_output():
     engine = Broken()
     buffers = warmup.preallocate(SERVING, engine)
     with pytest.raises(RuntimeError, match="warm-up of shape"):
-        warmup.warm_buckets(engine, buffers, warmup.warm_plan(SERVING, engine))
+        warmup.warm_buckets(engine, buffers, warmup.warm_plan(SERVING, engine), [1, 2, 3])

@@ -1,0 +1,70 @@
+"""Fixtures of the serving tests: an in-process IpcServer on a real ipc:// socket in a temp dir."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+from edge.ipc.client import EdgeClient
+from edge.ipc.server import IpcServer
+from ipc_fakes import FakeEngine, FakeTokenizer
+
+SERVING = {
+    "buckets": [8, 16, 32, 64],  # tokens
+    "max_batch_size": 8,  # texts
+    "max_batch_tokens": 256,  # padded tokens: the 64 bucket holds 4 rows
+    "max_delay_ms": 2.0,
+    "max_queue_requests": 64,  # texts
+    "max_queue_tokens": 4096,  # padded tokens
+}
+MAX_SEQ = 64
+LINEAGE = {"model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64, "package_sha256": "p" * 64}
+
+
+@pytest.fixture
+def sock_dir():
+    # Short path: an AF_UNIX address holds at most 107 bytes.
+    d = tempfile.mkdtemp(prefix="edge-ipc-", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def make_server(sock_dir):
+    servers: list[IpcServer] = []
+
+    def make(engine=None, serving=None, name="edge.sock", start=True, **kw) -> IpcServer:
+        kw.setdefault("max_seq_length", MAX_SEQ)
+        kw.setdefault("lineage", LINEAGE)
+        server = IpcServer(
+            bind=f"ipc://{sock_dir}/run/{name}", engine=engine or FakeEngine(), tokenizer=FakeTokenizer(),
+            serving={**SERVING, **(serving or {})}, **kw,
+        )
+        servers.append(server)
+        if start:
+            server.bind()
+            server.start()
+        return server
+
+    yield make
+    for s in servers:
+        s.request_drain()
+        assert s.wait(20.0), "server did not stop within 20 s"
+
+
+@pytest.fixture
+def make_client():
+    clients: list[EdgeClient] = []
+
+    def make(server_or_addr, **kw) -> EdgeClient:
+        addr = getattr(server_or_addr, "address", server_or_addr)
+        kw.setdefault("timeout_s", 10.0)
+        c = EdgeClient(addr, **kw)
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        c.close()

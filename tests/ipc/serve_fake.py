@@ -1,0 +1,46 @@
+"""Run an IpcServer with the fake engine and tokenizer as its own process (real-socket tests).
+
+    python tests/ipc/serve_fake.py --bind ipc:///tmp/x/edge.sock [--sleep-ms 5]
+
+Prints ``READY <pid>`` on stdout once serving; SIGTERM drains and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from edge.ipc.server import IpcServer  # noqa: E402
+from ipc_fakes import FakeEngine, FakeTokenizer  # noqa: E402
+
+SERVING = {"buckets": [8, 16, 32, 64], "max_batch_size": 8, "max_batch_tokens": 256, "max_delay_ms": 2.0,
+           "max_queue_requests": 256, "max_queue_tokens": 16384}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bind", required=True)
+    ap.add_argument("--sleep-ms", type=float, default=0.0)
+    ap.add_argument("--drain-timeout", type=float, default=10.0)
+    args = ap.parse_args()
+    server = IpcServer(
+        bind=args.bind, engine=FakeEngine(sleep_s=args.sleep_ms / 1000.0), tokenizer=FakeTokenizer(),
+        serving=SERVING, max_seq_length=64, drain_timeout_s=args.drain_timeout,
+        lineage={"model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64, "package_sha256": "p" * 64},
+        timeline=lambda: {"ready_ms": 1.0},
+    )
+    server.bind()
+    server.start()
+    signal.signal(signal.SIGTERM, lambda *_: server.request_drain())
+    print(f"READY {os.getpid()}", flush=True)
+    while not server.wait(None):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

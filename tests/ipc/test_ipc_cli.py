@@ -1,0 +1,85 @@
+"""The client's timeouts and the ``edge`` CLI against an in-process server."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import edge
+from edge import cli
+from edge.errors import ErrorCode, FlowError
+from ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding
+
+
+def run_cli(capsys, *argv) -> tuple[int, dict | None, str]:
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, (json.loads(out) if out.strip() else None), err
+
+
+def test_embed_health_stats(make_server, capsys):
+    server = make_server()
+    rc, out, _ = run_cli(capsys, "embed", "hello world", "x y z", "--connect", server.address, "--priority", "0")
+    assert rc == 0 and out["count"] == 2 and out["buckets"] == [8, 8]
+    assert np.allclose(out["embeddings"][1], expected_embedding(FakeTokenizer().encode("x y z").ids), atol=1e-6)
+    rc, out, _ = run_cli(capsys, "embed", "a " * 100, "--no-truncate", "--connect", server.address)
+    assert rc == 1 and out["error"]["code"] == ErrorCode.TOO_MANY_TOKENS and len(out["error"]["trace_id"]) == 16
+    rc, out, _ = run_cli(capsys, "embed", "a", "--priority", "7", "--connect", server.address)
+    assert rc == 1 and out["error"]["name"] == "INVALID_OPTION"
+    rc, out, _ = run_cli(capsys, "health", "--connect", server.address)
+    assert rc == 0 and out["ready"] is True
+    rc, out, _ = run_cli(capsys, "stats", "--connect", server.address)
+    assert rc == 0 and out["replies_ok"]["infer"] == 1 and out["lineage"]["package_sha256"] == "p" * 64
+
+
+def test_health_exit_codes(make_server, capsys, sock_dir):
+    server = make_server(start=False)
+    server.bind()
+    server.start(ready=False)
+    rc, out, _ = run_cli(capsys, "health", "--connect", server.address)
+    assert rc == 1 and out["ready"] is False and out["live"] is True
+    rc, out, err = run_cli(capsys, "health", "--connect", f"ipc://{sock_dir}/absent.sock", "--timeout", "0.2")
+    assert rc == 2 and out is None and "no reply" in err
+
+
+def test_serve_forwards_argv_to_boot(monkeypatch):
+    seen = []
+    fake = types.ModuleType("edge.boot")
+    fake.main = lambda argv: seen.append(argv) or 7
+    monkeypatch.setitem(sys.modules, "edge.boot", fake)
+    monkeypatch.setattr(edge, "boot", fake, raising=False)
+    assert cli.main(["serve", "--package", "/p", "--engine", "onnxruntime"]) == 7
+    assert seen == [["--package", "/p", "--engine", "onnxruntime"]]
+
+
+def test_client_timeout_resets_connection(make_server, make_client):
+    engine = FakeEngine()
+    server = make_server(engine)
+    c = make_client(server)
+    engine.release.clear()
+    with pytest.raises(TimeoutError):
+        c.embed(["slow one"], timeout_s=0.2)
+    engine.release.set()
+    # the late reply to "slow one" went to the old connection; this one gets its own answer
+    r = c.embed(["fresh"])
+    assert np.allclose(r.embeddings[0], expected_embedding(FakeTokenizer().encode("fresh").ids), atol=1e-6)
+
+
+def test_client_raises_typed_errors(make_server, make_client):
+    engine = FakeEngine()
+    server = make_server(engine)
+    busy, c = make_client(server), make_client(server)
+    engine.release.clear()
+    busy.send("infer", {"texts": ["keeps the server draining"]})
+    assert engine.running.wait(5)
+    server.request_drain()
+    with pytest.raises(FlowError) as ei:
+        c.embed("x", request_id="late")
+    assert ei.value.code == ErrorCode.SHUTTING_DOWN and ei.value.recoverable
+    assert ei.value.request_id == "late"
+    engine.release.set()
+    assert busy.recv(5).type == "infer"
