@@ -14,6 +14,11 @@ change; systemd restarts the unit.
 
 from __future__ import annotations
 
+import time
+
+# When the interpreter reached our code: the end of the "interpreter" stage.
+_MODULE_BOOTTIME_S = time.clock_gettime(time.CLOCK_BOOTTIME)
+
 import argparse
 import json
 import os
@@ -145,23 +150,30 @@ class _Stages:
             raise _stage_error(name, exc, setting) from exc
 
 
+def _files_to_verify(pkg, engine: str, device: str) -> list[str]:
+    """The files ``engine`` may map; with device "auto" both the CPU and the GPU variants."""
+    kinds = ["cpu"] if device == "cpu" else ["cuda"] if device.startswith("cuda") else ["cpu", "cuda"]
+    return sorted({name for kind in kinds for name in pkg.engine_files(engine, kind)})
+
+
 def boot(args: argparse.Namespace, timeline: Timeline):
     """Run every stage up to a bound, started server; returns (server, info)."""
-    from edge import warmup
-    from edge.engines import import_engine, load_engine
-    from edge.ipc.server import IpcServer, default_bind_address
-    from edge.preload.manifest import open_package
-    from edge.preload.tokenizer import Tokenizer
-
     stages = _Stages(timeline)
+    timeline.add("interpreter", 0.0, timeline.ms_at(_MODULE_BOOTTIME_S))
+    with timeline.stage("import_runtime"):
+        from edge import warmup
+        from edge.engines import import_engine, load_engine
+        from edge.ipc.server import IpcServer, default_bind_address
+        from edge.preload.manifest import open_package
+        from edge.preload.tokenizer import Tokenizer
     if args.package:
         package_dir = Path(args.package)
     else:
         package_dir = stages.run("build_package", "--package DIR", ensure_default_package, default_package_dir())
     pkg = stages.run("open_package", "--package DIR", open_package, package_dir, "size")
     manifest = pkg.manifest
-    engine_files = pkg.engine_files(args.engine)
     tokenizer_file = manifest.tokenizer
+    engine_files = _files_to_verify(pkg, args.engine, args.device)
     verify = None
     if args.verify == "full":
         verify = _Background(timeline, "verify_package", pkg.verify_files, [*engine_files, tokenizer_file])

@@ -46,7 +46,18 @@ class Timeline:
         self.ready_ms: float | None = None
 
     def now_ms(self) -> float:
-        return (time.clock_gettime(time.CLOCK_BOOTTIME) - self._exec_s) * 1000.0
+        return self.ms_at(time.clock_gettime(time.CLOCK_BOOTTIME))
+
+    def ms_at(self, boottime_s: float) -> float:
+        """A CLOCK_BOOTTIME instant as ms since exec."""
+        return (boottime_s - self._exec_s) * 1000.0
+
+    def add(self, name: str, start_ms: float, end_ms: float, **info) -> None:
+        """Record a stage measured elsewhere (e.g. the interpreter's start-up)."""
+        entry = {"stage": name, "start_ms": round(start_ms, 3), **info, "end_ms": round(end_ms, 3),
+                 "duration_ms": round(end_ms - start_ms, 3)}
+        with self._lock:
+            self._stages.append(entry)
 
     @contextmanager
     def stage(self, name: str, **info):
