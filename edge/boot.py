@@ -2,9 +2,12 @@
 
 Stages, in order (independent ones overlap, see ``boot``)::
 
-    open_package ─┬─ import_engine ─ map_weights ─ prewarm_device ─ preallocate ─ warm_buckets ─ bind ─ READY
-                  ├─ load_tokenizer (thread)                                                         ▲
-                  └─ verify_package (thread: sha256 of the files this engine maps) ──────────────────┘
+    interpreter ─ import_runtime ─ open_package ─┬─ import_engine ──┬─ map_weights ─ prewarm_device ─ preallocate
+                                                 ├─ verify_package ─┘   ─ warm_buckets ─ bind ─ start_server ─ READY
+                                                 └─ load_tokenizer (thread, joined before warm-up)
+
+``verify_package`` hashes the files the engine will map before any parser
+reads them; it runs beside ``import_engine``.
 
 Each stage's start and end (ms since exec) go into the timeline, which is
 logged as one JSON line, written to a file and returned by ``stats``. A stage
@@ -89,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=env.get("EDGE_DEVICE", "auto"), help="where the engine runs; auto picks CUDA when present (env EDGE_DEVICE)")
     p.add_argument("--bind", default=env.get("EDGE_BIND"), help="ZeroMQ address (default ipc:// under $XDG_RUNTIME_DIR or /run/edge; env EDGE_BIND)")
     p.add_argument("--timeline", default=env.get("EDGE_TIMELINE"), help="file for the boot timeline JSON (default: beside the ipc socket, else /tmp)")
-    p.add_argument("--verify", choices=("full", "size"), default=env.get("EDGE_VERIFY", "full"), help="package check at boot: sha256 of the mapped files (overlapped with warm-up) or sizes only")
+    p.add_argument("--verify", choices=("full", "size"), default=env.get("EDGE_VERIFY", "full"), help="package check at boot: sha256 of the files the engine maps (overlapped with the engine import) or sizes only")
     p.add_argument("--drain-timeout", type=float, default=float(env.get("EDGE_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S)), help="seconds to finish in-flight requests after SIGTERM")
     p.add_argument("--cuda-reserve-mb", type=int, default=int(env.get("EDGE_CUDA_RESERVE_MB", 512)), help="device memory reserved up front on CUDA")
     return p.parse_args(argv)
@@ -120,9 +123,11 @@ class _Background(threading.Thread):
 
 
 def _stage_error(stage: str, exc: BaseException, setting: str) -> BootError:
+    # The boot stage's name wins over a library's own label: the timeline, the
+    # log and systemd's status must all name the same stage.
     if isinstance(exc, BootError):
-        exc.stage = exc.stage or stage
-        exc.setting = exc.setting or setting
+        exc.stage = stage
+        exc.setting = setting if not exc.setting or exc.setting in setting else f"{setting}; {exc.setting}"
         return exc
     code = exc.code if isinstance(exc, EdgeError) else ErrorCode.BOOT_STAGE_FAILED
     return BootError(f"{type(exc).__name__}: {exc}", code, stage=stage, setting=setting)
@@ -150,10 +155,13 @@ class _Stages:
             raise _stage_error(name, exc, setting) from exc
 
 
-def _files_to_verify(pkg, engine: str, device: str) -> list[str]:
-    """The files ``engine`` may map; with device "auto" both the CPU and the GPU variants."""
-    kinds = ["cpu"] if device == "cpu" else ["cuda"] if device.startswith("cuda") else ["cpu", "cuda"]
-    return sorted({name for kind in kinds for name in pkg.engine_files(engine, kind)})
+def _device_kind(engine: str, device: str, backend) -> str:
+    """"cpu" or "cuda": where ``engine`` will run, given the library ``import_engine`` returned."""
+    if device != "auto":
+        return "cpu" if device == "cpu" else "cuda"
+    if engine == "onnxruntime":
+        return "cuda" if "CUDAExecutionProvider" in backend.available_providers() else "cpu"
+    return "cuda" if backend.cuda.is_available() else "cpu"
 
 
 def boot(args: argparse.Namespace, timeline: Timeline):
@@ -173,13 +181,24 @@ def boot(args: argparse.Namespace, timeline: Timeline):
     pkg = stages.run("open_package", "--package DIR", open_package, package_dir, "size")
     manifest = pkg.manifest
     tokenizer_file = manifest.tokenizer
-    engine_files = _files_to_verify(pkg, args.engine, args.device)
+    # Hash the files before any parser sees them (a corrupt file must be refused
+    # by name, not crash a native library), overlapped with the engine import.
+    # The device kind is a guess until the library is loaded: "auto" starts
+    # with the CPU files and adds the GPU ones if the engine will use CUDA.
+    guess = "cuda" if args.device.startswith("cuda") else "cpu"
+    to_verify = {tokenizer_file, *pkg.engine_files(args.engine, guess)}
     verify = None
     if args.verify == "full":
-        verify = _Background(timeline, "verify_package", pkg.verify_files, [*engine_files, tokenizer_file])
+        verify = _Background(timeline, "verify_package", pkg.verify_files, sorted(to_verify))
     tokenizer_task = _Background(timeline, "load_tokenizer", Tokenizer.open, pkg.path(tokenizer_file))
 
-    stages.run("import_engine", "--engine", import_engine, args.engine, engine=args.engine)
+    backend = stages.run("import_engine", "--engine", import_engine, args.engine, engine=args.engine)
+    kind = _device_kind(args.engine, args.device, backend)
+    if verify is not None:
+        stages.join("verify_package", "--package DIR (rebuild or re-copy it) or --verify size", verify)
+        extra = sorted(set(pkg.engine_files(args.engine, kind)) - to_verify)
+        if extra:
+            stages.run("verify_package_gpu", "--package DIR (rebuild or re-copy it)", pkg.verify_files, extra)
     engine = stages.run("map_weights", "--engine / --device", load_engine, pkg, args.engine, args.device)
     tokenizer = stages.join("load_tokenizer", "--package DIR (its tokenizer file)", tokenizer_task)
     serving = manifest.serving_dict()
@@ -206,8 +225,6 @@ def boot(args: argparse.Namespace, timeline: Timeline):
         timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
     )
     stages.run("bind", "--bind ADDR", server.bind, address=bind)
-    if verify is not None:
-        stages.join("verify_package", "--package DIR (rebuild or re-copy it) or --verify size", verify)
     stages.run("start_server", "--bind ADDR", server.start)
     timeline.mark_ready()
     return server, {"bind": bind, "package": str(package_dir), "lineage": lineage}

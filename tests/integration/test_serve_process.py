@@ -1,0 +1,180 @@
+"""The runtime as a real process: READY over sd_notify, embeddings over a real ipc socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from edge.errors import ErrorCode
+from edge.ipc import protocol as P
+from edge.ipc.client import EdgeClient
+
+from conftest import start_runtime
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Jetson appliances boot in under two seconds.",
+    "Ein kurzer deutscher Satz über Maschinen.",
+    "日本語の文も埋め込みます。",
+    "word " * 300,  # past 256 tokens: truncated like sentence-transformers
+]
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edge.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_ready_arrives_on_the_notify_socket_with_a_status(ort_runtime):
+    fields = [f for n in ort_runtime.notices for f in n.split(b"\n")]
+    assert b"READY=1" in fields
+    assert any(f.startswith(b"STATUS=serving") for f in fields)
+
+
+def test_socket_file_is_group_accessible_only(ort_runtime):
+    mode = stat.S_IMODE(os.stat(ort_runtime.address[len("ipc://"):]).st_mode)
+    assert mode == 0o660
+
+
+def test_embeddings_match_sentence_transformers(ort_runtime, st_model):
+    with EdgeClient(ort_runtime.address, timeout_s=30) as client:
+        result = client.embed(TEXTS)
+    ref = st_model.encode(TEXTS, normalize_embeddings=True, convert_to_numpy=True)
+    assert result.embeddings.shape == ref.shape == (len(TEXTS), 384)
+    cos = np.sum(result.embeddings * ref, axis=1)
+    assert cos.min() >= 0.9999, cos
+    assert np.abs(result.embeddings - ref).max() <= 1e-4
+    meta = result.meta
+    assert meta["truncated"][-1] is True and not any(meta["truncated"][:-1])
+    assert meta["token_counts"][-1] == 256
+    for key in ("trace_id", "queue_ms", "compute_ms", "model_sha256", "tokenizer_sha256", "package_sha256"):
+        assert key in meta, key
+
+
+def test_cli_embed_health_stats(ort_runtime, st_model):
+    out = _cli("embed", "--connect", ort_runtime.address, TEXTS[0], TEXTS[1])
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    emb = np.asarray(reply["embeddings"], dtype=np.float32)
+    ref = st_model.encode(TEXTS[:2], normalize_embeddings=True)
+    assert emb.shape == (2, 384) and np.abs(emb - ref).max() <= 1e-4
+
+    assert _cli("health", "--connect", ort_runtime.address).returncode == 0
+    stats = json.loads(_cli("stats", "--connect", ort_runtime.address).stdout)
+    stages = [s["stage"] for s in stats["timeline"]["stages"]]
+    for stage in ("open_package", "import_engine", "map_weights", "load_tokenizer", "verify_package",
+                  "prewarm_device", "preallocate", "warm_buckets", "bind"):
+        assert stage in stages, stages
+    assert stats["timeline"]["exec_to_ready_ms"] > 0
+
+
+def test_health_of_absent_server_fails(tmp_path):
+    out = _cli("health", "--connect", f"ipc://{tmp_path}/nobody.sock", "--timeout", "0.5")
+    assert out.returncode != 0
+
+
+def test_timeline_is_logged_and_written(ort_runtime):
+    record = json.loads((ort_runtime.workdir / "timeline.json").read_text())
+    assert record["exec_to_ready_ms"] > 0
+    last_end = max(s["end_ms"] for s in record["stages"])
+    assert last_end <= record["exec_to_ready_ms"]
+    lines = [json.loads(l) for l in ort_runtime.output().splitlines() if l.startswith("{")]
+    ready = [l for l in lines if l["event"] == "boot.ready"]
+    assert len(ready) == 1 and ready[0]["stages"] == record["stages"]
+
+
+def test_drain_on_sigterm_answers_every_request_once(minilm_package, tmp_path):
+    rt = start_runtime(tmp_path / "drain", "--package", str(minilm_package), "--drain-timeout", "20")
+    try:
+        rt.wait_ready()
+        ctx = zmq.Context()
+        socks = [ctx.socket(zmq.DEALER) for _ in range(4)]
+        for s in socks:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(rt.address)
+        sent = {i: 0 for i in range(len(socks))}
+
+        def send_some(n):
+            for i, s in enumerate(socks):
+                for k in range(n):
+                    s.send_multipart(P.encode_request("infer", {"texts": [f"request {i}-{k} " * (1 + k % 40)], "request_id": f"{i}-{sent[i]}"}))
+                    sent[i] += 1
+
+        send_some(10)
+        time.sleep(0.05)
+        rt.proc.send_signal(__import__("signal").SIGTERM)
+        send_some(5)  # these race the drain: a result or SHUTTING_DOWN, never silence
+        replies = {i: [] for i in range(len(socks))}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(map(len, replies.values())) < sum(sent.values()):
+            for i, s in enumerate(socks):
+                while s.poll(10):
+                    replies[i].append(P.decode_reply(s.recv_multipart()))
+        assert rt.proc.wait(60) == 0
+        for i, s in enumerate(socks):
+            while s.poll(100):
+                replies[i].append(P.decode_reply(s.recv_multipart()))
+            ids = [r.body.get("request_id") for r in replies[i]]
+            assert sorted(ids) == sorted(f"{i}-{k}" for k in range(sent[i])), ids
+            for r in replies[i]:
+                assert not r.is_error or r.body["code"] == ErrorCode.SHUTTING_DOWN, r.body
+            s.close()
+        ctx.term()
+        assert "shutdown.done" in rt.output()
+    finally:
+        rt.stop()
+
+
+def _copy_package(src, dst):
+    shutil.copytree(src, dst)
+    for p in dst.iterdir():
+        p.chmod(0o644)
+    return dst
+
+
+def test_tampered_package_fails_boot_naming_stage_and_file(minilm_package, tmp_path):
+    pkg = _copy_package(minilm_package, tmp_path / "pkg")
+    with open(pkg / "model.ort", "r+b") as f:
+        f.seek(4096)
+        byte = f.read(1)
+        f.seek(4096)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    rt = start_runtime(tmp_path / "bad", "--package", str(pkg))
+    code = rt.proc.wait(120)
+    rt.stop()
+    assert code != 0
+    out = rt.output()
+    assert "verify_package" in out and "model.ort" in out, out
+    assert "READY=1" not in b"\n".join(rt.notices).decode()
+
+
+def test_missing_package_fails_in_open_package(tmp_path):
+    rt = start_runtime(tmp_path / "none", "--package", str(tmp_path / "does-not-exist"))
+    code = rt.proc.wait(60)
+    rt.stop()
+    assert code != 0
+    assert "open_package" in rt.output() and "--package" in rt.output()
+
+
+@pytest.mark.slow
+def test_torchscript_engine_serves_the_same_embeddings(minilm_package, tmp_path, st_model):
+    rt = start_runtime(tmp_path / "ts", "--package", str(minilm_package), "--engine", "torchscript")
+    try:
+        rt.wait_ready()
+        with EdgeClient(rt.address, timeout_s=60) as client:
+            result = client.embed(TEXTS)
+            health = client.health()
+        ref = st_model.encode(TEXTS, normalize_embeddings=True)
+        assert np.abs(result.embeddings - ref).max() <= 1e-4
+        assert result.meta.get("engine", health.get("engine", "torchscript")) == "torchscript"
+    finally:
+        assert rt.stop() == 0
