@@ -19,7 +19,7 @@ from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 
-from conftest import start_runtime
+from runtime_proc import start_runtime
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
