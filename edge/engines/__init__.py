@@ -1,0 +1,110 @@
+"""Engines: load a model package, run a padded batch, return embeddings.
+
+One narrow interface (:class:`Engine`) and two implementations, chosen by name:
+
+* ``"torchscript"``: the weightless TorchScript skeleton with weights assigned from a
+  copy-on-write mapping of ``weights.safetensors`` (``edge/engines/torchscript.py``);
+* ``"onnxruntime"``: ``model.ort`` mapped read-only and run in place through ONNX Runtime's
+  C API (``edge/engines/ort.py``).
+
+``torch`` and ``onnxruntime`` are imported inside :func:`load_engine`, never when this
+package is imported, so a process pays only for the engine it uses.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from edge.errors import EngineError, ErrorCode
+
+if TYPE_CHECKING:
+    from edge.preload.manifest import ModelPackage
+
+__all__ = ["Engine", "ENGINE_NAMES", "import_engine", "load_engine", "check_batch"]
+
+ENGINE_NAMES = ("onnxruntime", "torchscript")
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str  # "onnxruntime" | "torchscript"
+    device: str  # "cpu" | "cuda:0"
+    info: dict  # how it was loaded: files, providers, map/session times (ms), options
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """(B, T) int64 each -> (B, D) float32, L2-normalised rows."""
+        ...
+
+    def close(self) -> None:
+        """Release the session/module and unmap the files. Idempotent."""
+        ...
+
+
+def check_batch(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both as C-contiguous int64 (B, T) arrays of the same shape (no copy when they already are)."""
+    ids = np.ascontiguousarray(input_ids, dtype=np.int64)
+    mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
+    if ids.ndim != 2 or ids.shape != mask.shape or ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids {ids.shape} and attention_mask {mask.shape} must be the same non-empty (B, T)")
+    return ids, mask
+
+
+def _unknown(name: str) -> EngineError:
+    return EngineError(
+        f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}",
+        ErrorCode.ENGINE_UNAVAILABLE,
+        stage="load_engine",
+        setting="engine",
+    )
+
+
+def import_engine(name: str):
+    """Load engine ``name``'s library, the part of loading that no package changes.
+
+    ``torchscript``: ``import torch`` (2-4 s). ``onnxruntime``: load and check the C library
+    and create the process-wide OrtEnv (tens of ms). :func:`load_engine` calls it too; a boot
+    that calls it first can time (or overlap) it as its own stage.
+    """
+    if name == "onnxruntime":
+        from edge.engines.ort_capi import load_library
+
+        return load_library()
+    if name == "torchscript":
+        from edge.engines.torchscript import _import_torch
+
+        return _import_torch()
+    raise _unknown(name)
+
+
+def load_engine(
+    package: "ModelPackage | str | os.PathLike", name: str = "onnxruntime", device: str = "auto", **options
+) -> Engine:
+    """Load ``package`` (a :class:`ModelPackage` or a package directory) into engine ``name``.
+
+    ``device``: ``"auto"`` (CUDA when the engine sees it, else CPU), ``"cpu"``, ``"cuda"`` or
+    ``"cuda:N"``. ``options`` are engine settings (see each engine's ``OPTIONS``); an unknown
+    option is an error. Raises :class:`edge.errors.EngineError` (``ENGINE_UNAVAILABLE`` when the
+    library or device is missing, ``ENGINE_LOAD_FAILED`` when it refuses the model) or
+    :class:`edge.errors.PackageError` for a bad package.
+    """
+    from edge.preload.manifest import ModelPackage, open_package
+
+    pkg = package if isinstance(package, ModelPackage) else open_package(package, verify="size")
+    if name == "onnxruntime":
+        from edge.engines.ort import OrtEngine as cls
+    elif name == "torchscript":
+        from edge.engines.torchscript import TorchScriptEngine as cls
+    else:
+        raise _unknown(name)
+    unknown = set(options) - set(cls.OPTIONS)
+    if unknown:
+        raise EngineError(
+            f"unknown option(s) for engine {name}: {', '.join(sorted(unknown))}; known: {', '.join(cls.OPTIONS)}",
+            ErrorCode.ENGINE_LOAD_FAILED,
+            stage="load_engine",
+            setting="engine options",
+        )
+    return cls(pkg, device=device, **options)

