@@ -1,0 +1,282 @@
+"""Build an OCI runtime bundle of the runtime: ``config.json``, ``rootfs/`` and ``edge-bundle.json``.
+
+    edge-bundle build --out DIR [--package DIR] [--engine onnxruntime|torchscript] [--cdi FILE]
+                      [--socket-dir DIR] [--user UID:GID] [--arch ARCH] [--python PATH] [--tcp ADDR]
+    edge-bundle verify DIR
+
+Steps (docs/bundle.md has the details):
+
+1. check the target architecture against the environment's interpreter (ELF header);
+2. boot the runtime to READY from that environment under a tracer (``image/bundle/trace.py``),
+   exercise it as a client, stop it; the files it imported, opened and mapped are the list;
+3. copy those files to ``rootfs/`` at their host paths, the model package to
+   ``/opt/edge/package``, write ``/etc/passwd``, byte-code and a loader cache;
+4. write ``config.json`` (read-only root, tmpfs /tmp, the socket directory bind-mounted,
+   non-root, no capabilities, seccomp) and merge the CDI spec's GPU edits into it;
+5. write ``edge-bundle.json`` (where to connect, sizes, what was traced, hashes) and
+   ``rootfs.files``, then rename the staging directory into place.
+
+``verify`` checks that every file of ``rootfs.files`` is in the rootfs with its size and
+names the ones that are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from image.bundle import cdi, oci_config, seccomp
+from image.bundle.progress import Progress, human_bytes
+from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, tree_size
+from image.bundle.trace import TraceError, trace_boot
+
+__all__ = ["build_bundle", "verify_bundle", "BundleError", "main", "METADATA_NAME", "FILES_NAME", "BUNDLE_FORMAT"]
+
+BUNDLE_FORMAT = 1
+METADATA_NAME = "edge-bundle.json"
+FILES_NAME = "rootfs.files"  # one "path<TAB>size" line per traced file in the rootfs
+SOCKET_NAME = "edge.sock"
+DEFAULT_SOCKET_DIR = "/run/edge"
+DEFAULT_USER = (61000, 61000)  # uid, gid of the runtime; the host group of that gid reaches the socket
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"  # return memory within ~1 s
+
+
+class BundleError(RuntimeError):
+    """The bundle cannot be built (or verified) as asked; the message says what to change."""
+
+
+def _jemalloc(python: str) -> str | None:
+    """The host's (or the environment's) libjemalloc, when there is one."""
+    machine = platform.machine()
+    candidates = [Path(python).resolve().parent.parent / "lib" / "libjemalloc.so.2",
+                  Path(f"/usr/lib/{machine}-linux-gnu/libjemalloc.so.2"), Path("/usr/local/lib/libjemalloc.so.2")]
+    return next((str(p) for p in candidates if p.exists()), None)
+
+
+def _container_env(python: str, threads: int | None, device: str, jemalloc: str | None) -> dict[str, str]:
+    env = {
+        "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",  # tmpfs: ONNX Runtime creates and locks $HOME/.cache/.../onnxruntime.db
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",  # read-only root; the .pyc files are in the bundle
+        "PYTHONUNBUFFERED": "1",  # one JSON log line per event, straight to the journal
+        "OPENBLAS_NUM_THREADS": "1",  # numpy does no heavy math here; no idle BLAS pool
+        "MKL_NUM_THREADS": "1",
+        "EDGE_DEVICE": device,
+    }
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op pool; ORT sizes its own per core
+    if jemalloc:
+        env["LD_PRELOAD"] = jemalloc
+        env["MALLOC_CONF"] = JEMALLOC_CONF
+    return env
+
+
+def check_arch(python: str, arch: str) -> str:
+    """The interpreter's machine; raises when it is not ``arch``."""
+    real = os.path.realpath(python)
+    found = elf_machine(real)
+    if found is None:
+        raise BundleError(f"{real} is not an ELF executable; --python must be the environment's interpreter")
+    if found != arch:
+        raise BundleError(f"the environment's interpreter {real} is built for {found}, but the target is {arch}: "
+                          f"build the bundle from an environment of the target's architecture "
+                          f"(on the device, or a {arch} build host)")
+    return found
+
+
+def _package_identity(package: Path) -> dict:
+    m = json.loads((package / "manifest.json").read_text())
+    return {k: m.get(k) for k in ("name", "package_sha256", "model_sha256", "tokenizer_sha256")}
+
+
+def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", python: str | None = None,
+                 cdi_spec: Path | None = None, cdi_devices: list[str] | None = None,
+                 socket_dir: str = DEFAULT_SOCKET_DIR, user: tuple[int, int] = DEFAULT_USER,
+                 arch: str | None = None, tcp: str | None = None, threads: int | None = None,
+                 use_strace: str = "auto", force: bool = False, progress: Progress | None = None) -> dict:
+    """Write the bundle to ``out``; returns the metadata written to ``edge-bundle.json``."""
+    progress = progress or Progress(quiet=True)
+    python = python or sys.executable
+    arch = arch or platform.machine()
+    check_arch(python, arch)
+    out, package = Path(out).resolve(), Path(package).resolve()
+    if out.exists() and not force:
+        raise BundleError(f"{out} exists; pass --force to replace it")
+    if not (package / "manifest.json").exists():
+        raise BundleError(f"{package} is not a model package (no manifest.json); build one with edge-package build")
+    edits = cdi.select_edits(cdi.load_spec(cdi_spec), cdi_devices) if cdi_spec else None
+    device = "auto" if edits else "cpu"
+    jemalloc = _jemalloc(python)
+    env = _container_env(python, threads, device, jemalloc)
+    boot_args = ["--engine", engine]
+    t0 = time.monotonic()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        with tempfile.TemporaryDirectory(prefix="edge-bundle-trace-") as work:
+            # The trace imports the runtime from this (the build) interpreter's view of the
+            # environment: the same venv the container will run.
+            trace = trace_boot(python, [*boot_args, "--package", str(package)], Path(work), env,
+                               use_strace=use_strace, progress=progress)
+        progress.done(f"traced boot: READY after {trace.ready_s:.1f} s, {len(trace.module_files)} modules, "
+                      f"{len(trace.mapped)} mapped files")
+        refused = seccomp.check_traced(trace.syscalls)
+        if refused:
+            raise BundleError(f"the boot uses syscalls the seccomp profile refuses: {', '.join(refused)} "
+                              f"(add them to image/bundle/seccomp.py ALLOWED if they are safe)")
+        exclude = [str(package), *(cdi.mount_paths(edits) if edits else [])]
+        files = select_files(trace, exclude)
+        wrong = [(f, m) for f in files if (m := elf_machine(f)) is not None and m != arch]
+        if wrong:
+            raise BundleError(f"{len(wrong)} native file(s) are not {arch}, e.g. {wrong[0][0]} ({wrong[0][1]})")
+        rootfs = Rootfs(staging / "rootfs")
+        runtime_bytes = rootfs.copy_files(files, progress)
+        progress.done(f"copied {len(rootfs.copied)} runtime files, {human_bytes(runtime_bytes)}")
+        package_bytes = rootfs.copy_package(package, progress)
+        progress.done(f"copied model package, {human_bytes(package_bytes)}")
+        for d in oci_config.MOUNTPOINTS:
+            rootfs.mkdir(d)
+        # runc gives a tmpfs the mode of the directory it covers, whatever mode= says.
+        os.chmod(rootfs.inside("/tmp"), 0o1777)
+        progress.spin("compiling byte code")
+        rootfs.compile_bytecode(python, sorted({trace.prefix, trace.base_prefix, *(
+            os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}))
+        config = oci_config.runtime_config(
+            args=[trace.executable, "-m", "edge.boot", *boot_args, "--package", PACKAGE_PATH,
+                  "--bind", tcp or f"ipc://{oci_config.CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"],
+            env=env, uid=user[0], gid=user[1], socket_dir_host=socket_dir, arch=arch,
+            share_host_network=bool(tcp))
+        deferred = cdi.merge(config, edits) if edits else []
+        rootfs.make_mountpoints(config["mounts"])
+        rootfs.write_etc(user[0], user[1], config["process"]["user"].get("additionalGids", []))
+        has_ldcache = rootfs.ldconfig()
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # Sizes of the copies (a host file may change after it was copied: edits, byte-code rewrites).
+        (staging / FILES_NAME).write_text("".join(f"{f}\t{rootfs.inside(f).stat().st_size}\n" for f in rootfs.copied))
+        progress.spin("measuring the source environment")
+        source_roots = sorted({trace.prefix, trace.base_prefix})
+        env_bytes, env_files = tree_size(*source_roots)
+        bundle_bytes, bundle_files = tree_size(staging / "rootfs")
+        meta = {
+            "format": BUNDLE_FORMAT,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "arch": arch,
+            "engine": engine,
+            "device": device,
+            "python": trace.executable,
+            "python_version": ".".join(map(str, trace.version)),
+            "user": {"uid": user[0], "gid": user[1]},
+            "socket_dir": socket_dir,
+            "address": tcp or f"ipc://{socket_dir}/{SOCKET_NAME}",
+            "container_socket_dir": oci_config.CONTAINER_SOCKET_DIR,
+            "container_address": config["process"]["args"][-1],
+            "health_probe": [trace.executable, "-m", "edge.cli", "health", "--connect", config["process"]["args"][-1]],
+            "package": {"path": PACKAGE_PATH, "source": str(package), "bytes": package_bytes,
+                        **_package_identity(package)},
+            "sizes": {
+                "rootfs_bytes": bundle_bytes, "rootfs_files": bundle_files,
+                "runtime_bytes": runtime_bytes, "runtime_files": len(rootfs.copied),
+                "package_bytes": package_bytes,
+                "source_env_bytes": env_bytes, "source_env_files": env_files, "source_env_roots": source_roots,
+                "runtime_vs_source_env": round(runtime_bytes / env_bytes, 4) if env_bytes else None,
+            },
+            "trace": trace.summary(),
+            "seccomp": {"allowed": len(seccomp.ALLOWED), "traced_syscalls": sorted(trace.syscalls)},
+            "jemalloc": jemalloc,
+            "ld_so_cache": has_ldcache,
+            "cdi": None if not edits else {
+                "spec": str(cdi_spec), "kind": edits.kind, "devices": edits.devices,
+                "device_nodes": len(config["linux"].get("devices", [])), "mounts": len(edits.mounts),
+                "deferred_devices": deferred,
+            },
+            "build_s": round(time.monotonic() - t0, 2),
+        }
+        (staging / METADATA_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+        os.chmod(staging, 0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    progress.done(f"bundle {out}: runtime {human_bytes(runtime_bytes)} in {meta['sizes']['runtime_files']} files "
+                  f"(source environment {human_bytes(env_bytes)} in {env_files} files), "
+                  f"package {human_bytes(package_bytes)}, {meta['build_s']} s")
+    if deferred:
+        progress.done(f"{len(deferred)} CDI device node(s) are not on this host; edge-supervise resolves them "
+                      f"at start: {', '.join(n['path'] for n in deferred[:4])}{' ...' if len(deferred) > 4 else ''}")
+    return meta
+
+
+def verify_bundle(bundle: Path) -> list[str]:
+    """Files of ``rootfs.files`` missing from the rootfs or of another size (empty: complete)."""
+    bundle = Path(bundle)
+    problems = []
+    for line in (bundle / FILES_NAME).read_text().splitlines():
+        path, size = line.rsplit("\t", 1)
+        inside = bundle / "rootfs" / path.lstrip("/")
+        if not inside.exists():
+            problems.append(f"missing: {path}")
+        elif inside.stat().st_size != int(size):
+            problems.append(f"size differs: {path} ({inside.stat().st_size} != {size})")
+    return problems
+
+
+def _user(text: str) -> tuple[int, int]:
+    uid, _, gid = text.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="edge-bundle", description="Build or verify an OCI runtime bundle of edge.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="trace a boot and write DIR/config.json, DIR/rootfs, DIR/edge-bundle.json")
+    b.add_argument("--out", required=True, type=Path, help="bundle directory to write")
+    b.add_argument("--package", type=Path, default=None, help="model package (default: the MiniLM package)")
+    b.add_argument("--engine", choices=("onnxruntime", "torchscript"), default="onnxruntime")
+    b.add_argument("--cdi", type=Path, default=None, help="CDI spec (JSON or YAML, nvidia-ctk cdi generate)")
+    b.add_argument("--cdi-device", action="append", default=None, metavar="NAME", help="CDI device(s) to apply (default: all)")
+    b.add_argument("--socket-dir", default=DEFAULT_SOCKET_DIR, help="host directory bind-mounted for the ipc socket")
+    b.add_argument("--user", type=_user, default=DEFAULT_USER, metavar="UID[:GID]", help="runtime's uid:gid (default 61000:61000)")
+    b.add_argument("--arch", default=None, help="target architecture, uname -m (default: this host's); must match --python")
+    b.add_argument("--python", default=None, help="the environment's interpreter (default: this one)")
+    b.add_argument("--tcp", default=None, metavar="tcp://HOST:PORT", help="serve TCP instead of ipc (shares the host network)")
+    b.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS in the container")
+    b.add_argument("--strace", choices=("auto", "on", "off"), default="auto", help="also trace syscalls (needs strace)")
+    b.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    b.add_argument("--quiet", action="store_true")
+    v = sub.add_parser("verify", help="check that every traced file is in DIR/rootfs")
+    v.add_argument("bundle", type=Path)
+    args = ap.parse_args(argv)
+    if args.command == "verify":
+        problems = verify_bundle(args.bundle)
+        for p in problems:
+            print(p, file=sys.stderr)
+        return 1 if problems else 0
+    package = args.package
+    if package is None:
+        from edge.boot import default_package_dir, ensure_default_package
+
+        package = ensure_default_package(default_package_dir())
+    try:
+        meta = build_bundle(args.out, package=package, engine=args.engine, python=args.python, cdi_spec=args.cdi,
+                            cdi_devices=args.cdi_device, socket_dir=args.socket_dir, user=args.user, arch=args.arch,
+                            tcp=args.tcp, threads=args.threads, use_strace=args.strace, force=args.force,
+                            progress=Progress(quiet=args.quiet))
+    except (BundleError, TraceError, cdi.CdiError) as exc:
+        print(f"edge-bundle: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: meta[k] for k in ("address", "socket_dir", "arch", "engine", "sizes")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

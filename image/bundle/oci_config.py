@@ -1,0 +1,82 @@
+"""``config.json`` of the bundle, for the OCI runtime spec runc 1.1 implements (1.0.2-dev).
+
+What the runtime gets, and why:
+
+* a read-only root; writable only ``/tmp`` (tmpfs: HOME, so ONNX Runtime's SQLite database
+  under ``$HOME/.cache`` lands there) and the socket directory, bind-mounted from the host
+  so host applications reach the ``ipc://`` socket;
+* a non-root uid/gid, ``noNewPrivileges``, every capability dropped, a seccomp allowlist;
+* its own pid/ipc/uts/mount namespaces, and its own (empty) network namespace unless the
+  runtime is configured for TCP, which needs the host's.
+"""
+
+from __future__ import annotations
+
+from image.bundle import seccomp
+
+__all__ = ["OCI_VERSION", "CONTAINER_SOCKET_DIR", "NOTIFY_DIR", "MOUNTPOINTS", "runtime_config"]
+
+OCI_VERSION = "1.0.2-dev"  # `runc spec` of runc 1.1.x writes this version
+CONTAINER_SOCKET_DIR = "/run/edge"
+NOTIFY_DIR = "/run/notify"  # where runc bind-mounts its NOTIFY_SOCKET relay (runc 1.1)
+TMP_SIZE = "64m"  # /tmp tmpfs: ORT's database, nothing big (bytes, tmpfs size= syntax)
+NOFILE = 4096  # open files: the server keeps one per client connection
+# Directories runc mounts onto; created in the rootfs at build time so runc never has to
+# write into the bundle (it may live on a read-only partition).
+MOUNTPOINTS = ["/proc", "/dev", "/sys", "/tmp", CONTAINER_SOCKET_DIR, NOTIFY_DIR]
+
+_MASKED = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+           "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"]
+_READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+def _mounts(socket_dir_host: str) -> list[dict]:
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+         "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "nodev", "noexec", "mode=1777", f"size={TMP_SIZE}"]},
+        {"destination": CONTAINER_SOCKET_DIR, "type": "bind", "source": socket_dir_host,
+         "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]},
+    ]
+
+
+def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, socket_dir_host: str,
+                   arch: str, share_host_network: bool = False, hostname: str = "edge") -> dict:
+    """The config.json dict (before CDI edits are merged)."""
+    namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+    if not share_host_network:
+        namespaces.append({"type": "network"})  # loopback only: ipc:// needs no network
+    return {
+        "ociVersion": OCI_VERSION,
+        "process": {
+            "terminal": False,
+            "user": {"uid": uid, "gid": gid},
+            "args": list(args),
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "cwd": "/",
+            "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE}],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": hostname,
+        "mounts": _mounts(socket_dir_host),
+        "linux": {
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "namespaces": namespaces,
+            "maskedPaths": list(_MASKED),
+            "readonlyPaths": list(_READONLY),
+            "seccomp": seccomp.profile(arch),
+        },
+        "annotations": {"org.opencontainers.image.title": "edge", "com.edge.bundle": "1"},
+    }

@@ -1,0 +1,207 @@
+"""The bundle's files, config.json and metadata; CDI merge; the arch check; the systemd unit."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bundle_support import FIXTURES, GID, REPO, UID, bundle_meta
+from image.bundle import cdi, oci_config, seccomp
+from image.bundle.rootfs import Rootfs, elf_machine
+
+ORIN = FIXTURES / "cdi-orin.yaml"
+
+
+def _supervise_module():
+    path = str(REPO / "systemd" / "edge-supervise")
+    loader = importlib.machinery.SourceFileLoader("edge_supervise", path)
+    spec = importlib.util.spec_from_loader("edge_supervise", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def _config(bundle: Path) -> dict:
+    return json.loads((bundle / "config.json").read_text())
+
+
+def test_config_is_locked_down(ort_bundle):
+    c = _config(ort_bundle)
+    assert c["ociVersion"] == "1.0.2-dev"
+    assert c["root"] == {"path": "rootfs", "readonly": True}
+    p = c["process"]
+    assert p["user"]["uid"] == UID != 0 and p["user"]["gid"] == GID
+    assert p["noNewPrivileges"] is True
+    assert all(v == [] for v in p["capabilities"].values()) and len(p["capabilities"]) == 5
+    env = dict(e.split("=", 1) for e in p["env"])
+    assert env["HOME"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
+    assert "LD_PRELOAD" not in env or "jemalloc" in env["LD_PRELOAD"]
+    assert p["args"][1:4] == ["-m", "edge.boot", "--engine"] and p["args"][-1] == "ipc:///run/edge/edge.sock"
+    mounts = {m["destination"]: m for m in c["mounts"]}
+    assert mounts["/tmp"]["type"] == "tmpfs" and "noexec" in mounts["/tmp"]["options"]
+    meta = bundle_meta(ort_bundle)
+    assert mounts["/run/edge"]["source"] == meta["socket_dir"] and "rw" in mounts["/run/edge"]["options"]
+    assert {"type": "network"} in c["linux"]["namespaces"]  # ipc only: no host network
+    assert c["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert c["linux"]["resources"]["devices"][0] == {"allow": False, "access": "rwm"}
+    assert os.stat(ort_bundle / "rootfs" / "tmp").st_mode & 0o1777 == 0o1777  # runc copies it onto the tmpfs
+
+
+def test_tcp_shares_the_host_network_only_then():
+    kw = dict(args=["python"], env={}, uid=1, gid=1, socket_dir_host="/run/edge", arch="x86_64")
+    assert {"type": "network"} in oci_config.runtime_config(**kw)["linux"]["namespaces"]
+    assert {"type": "network"} not in oci_config.runtime_config(**kw, share_host_network=True)["linux"]["namespaces"]
+
+
+def test_metadata_tells_clients_where_to_connect(ort_bundle, minilm_package):
+    meta = bundle_meta(ort_bundle)
+    assert meta["address"] == f"ipc://{meta['socket_dir']}/edge.sock"
+    assert meta["arch"] == os.uname().machine and meta["engine"] == "onnxruntime"
+    manifest = json.loads((minilm_package / "manifest.json").read_text())
+    assert meta["package"]["package_sha256"] == manifest["package_sha256"]
+    assert (ort_bundle / "rootfs" / "opt/edge/package/manifest.json").read_bytes() == \
+        (minilm_package / "manifest.json").read_bytes()
+    s = meta["sizes"]
+    assert 0 < s["runtime_bytes"] < s["source_env_bytes"] and s["runtime_files"] < s["source_env_files"]
+
+
+def test_rootfs_holds_the_traced_runtime_and_nothing_else(ort_bundle):
+    from image.build_bundle import verify_bundle
+
+    meta = bundle_meta(ort_bundle)
+    root = ort_bundle / "rootfs"
+    site = Path(next(p for p in (ort_bundle / "rootfs.files").read_text().split() if "site-packages" in p).split(
+        "site-packages")[0] + "site-packages")
+    present = {p.name for p in (root / str(site).lstrip("/")).iterdir()}
+    for needed in ("zmq", "numpy", "msgpack", "pydantic", "pydantic_core", "flatbuffers", "onnxruntime"):
+        assert needed in present, needed
+    for unneeded in ("torch", "sentence_transformers", "transformers", "pytest", "onnx", "pip", "tokenizers"):
+        assert unneeded not in present, unneeded
+    ort_dir = root / str(site).lstrip("/") / "onnxruntime" / "capi"
+    assert any(p.name.startswith("libonnxruntime.so") for p in ort_dir.iterdir())  # via ctypes, seen in maps
+    assert not list(ort_dir.glob("onnxruntime_pybind11_state*"))  # the Python binding is never imported
+    assert (root / "lib64" / "ld-linux-x86-64.so.2").is_symlink() or os.uname().machine != "x86_64"
+    assert meta["trace"]["modules"] > 100 and meta["trace"]["mapped_files"] > 10
+    assert verify_bundle(ort_bundle) == []
+    # Every traced library is of the target architecture.
+    machines = {elf_machine(str(root / line.split("\t")[0].lstrip("/")))
+                for line in (ort_bundle / "rootfs.files").read_text().splitlines()}
+    assert machines - {None} == {meta["arch"]}
+
+
+def test_traced_syscalls_fit_the_seccomp_profile(ort_bundle):
+    traced = set(bundle_meta(ort_bundle)["seccomp"]["traced_syscalls"])
+    if not traced:
+        pytest.skip("the bundle was traced without strace")
+    assert {"openat", "mmap", "futex"} <= traced
+    assert seccomp.check_traced(traced) == []
+    assert seccomp.check_traced({"mount", "ptrace", "bpf"}) == ["bpf", "mount", "ptrace"]
+
+
+def test_arch_mismatch_is_refused(minilm_package, tmp_path):
+    other = "aarch64" if os.uname().machine != "aarch64" else "x86_64"
+    out = subprocess.run([sys.executable, "-m", "image.build_bundle", "build", "--out", str(tmp_path / "b"),
+                          "--package", str(minilm_package), "--arch", other, "--quiet"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert f"the target is {other}" in out.stderr and os.uname().machine in out.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_cdi_yaml_spec_merges_nodes_mounts_env_hooks_and_gids():
+    edits = cdi.select_edits(cdi.load_spec(ORIN))
+    assert edits.devices == ["all"] and edits.kind == "nvidia.com/gpu"
+    paths = [n["path"] for n in edits.device_nodes]
+    assert "/dev/nvmap" in paths and "/dev/nvgpu/igpu0/ctrl" in paths and len(paths) == len(set(paths))
+    config = oci_config.runtime_config(args=["python"], env={"HOME": "/tmp", "NVIDIA_VISIBLE_DEVICES": "x"}, uid=UID,
+                                       gid=GID, socket_dir_host="/run/edge", arch="aarch64")
+    deferred = cdi.merge(config, edits)
+    # Not on this host: deferred to the device, where edge-supervise reads major/minor.
+    assert {n["path"] for n in deferred} == set(paths)
+    dests = {m["destination"]: m for m in config["mounts"]}
+    lib = "/usr/lib/aarch64-linux-gnu/nvidia/libcuda.so.1.1"
+    assert dests[lib]["source"] == lib and dests[lib]["type"] == "bind" and "ro" in dests[lib]["options"]
+    env = dict(e.split("=", 1) for e in config["process"]["env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["HOME"] == "/tmp"
+    assert config["process"]["user"]["additionalGids"] == [44]
+    hooks = config["hooks"]["createContainer"]
+    assert [h["args"][2] for h in hooks] == ["create-symlinks", "update-ldcache"]
+    assert "/usr/lib/aarch64-linux-gnu/nvidia/libnvos.so" in cdi.mount_paths(edits)
+    assert config["linux"]["seccomp"]["architectures"][0] == "SCMP_ARCH_AARCH64"
+
+
+def test_cdi_json_nodes_present_on_the_host_get_major_minor_at_build(tmp_path):
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0", "containerEdits": {
+        "deviceNodes": [{"path": "/dev/nvmap", "hostPath": "/dev/null"}, {"path": "/dev/nvhost-gpu"}]}}]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    edits = cdi.select_edits(cdi.load_spec(tmp_path / "spec.json"), ["0"])
+    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="x86_64")
+    deferred = cdi.merge(config, edits)
+    assert [n["path"] for n in deferred] == ["/dev/nvhost-gpu"]
+    (dev,) = config["linux"]["devices"]
+    assert (dev["path"], dev["type"], dev["major"], dev["minor"]) == ("/dev/nvmap", "c", 1, 3)
+    assert {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"} in config["linux"]["resources"]["devices"]
+    with pytest.raises(cdi.CdiError, match="no device 7"):
+        cdi.select_edits(cdi.load_spec(tmp_path / "spec.json"), ["7"])
+
+
+def test_cdi_mountpoints_are_made_in_the_rootfs(tmp_path):
+    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="aarch64")
+    cdi.merge(config, cdi.select_edits(cdi.load_spec(ORIN)))
+    rootfs = Rootfs(tmp_path / "rootfs")
+    rootfs.make_mountpoints(config["mounts"])
+    assert (tmp_path / "rootfs/usr/lib/aarch64-linux-gnu/nvidia/libcuda.so.1.1").is_file()
+    assert (tmp_path / "rootfs/usr/lib/firmware/ga10b").is_dir()
+
+
+def test_supervisor_resolves_deferred_devices_at_start(tmp_path):
+    sup = _supervise_module()
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="x86_64")
+    (bundle / "config.json").write_text(json.dumps(config))
+    meta = {"cdi": {"deferred_devices": [{"path": "/dev/nvmap", "hostPath": "/dev/null"}]}}
+    work = tmp_path / "work"
+    work.mkdir()
+    run_dir = sup._runtime_bundle(str(bundle), meta, str(work))
+    assert run_dir == str(work)
+    written = json.loads((work / "config.json").read_text())
+    assert written["root"]["path"] == str(bundle / "rootfs")
+    assert {"path": "/dev/nvmap", "type": "c", "major": 1, "minor": 3} .items() <= written["linux"]["devices"][0].items()
+    assert sup._runtime_bundle(str(bundle), {"cdi": None}, str(work)) == str(bundle)
+    meta["cdi"]["deferred_devices"] = [{"path": "/dev/nvmap", "hostPath": "/dev/no-such-gpu"}]
+    with pytest.raises(FileNotFoundError, match="/dev/no-such-gpu"):
+        sup._runtime_bundle(str(bundle), meta, str(work))
+
+
+def test_zmtp_frames_round_trip_sizes():
+    sup = _supervise_module()
+    assert sup._zmtp_frame(b"ab") == b"\x00\x02ab"
+    assert sup._zmtp_frame(b"ab", more=True) == b"\x01\x02ab"
+    long = sup._zmtp_frame(b"x" * 300)
+    assert long[0] == 0x02 and int.from_bytes(long[1:9], "big") == 300 and len(long) == 309
+    ok, detail = sup.probe("ipc:///nonexistent/edge.sock", 0.5)
+    assert not ok and "FileNotFoundError" in detail
+
+
+def test_systemd_units_verify():
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    units = sorted((REPO / "systemd").glob("*.service")) + sorted((REPO / "systemd").glob("*.timer"))
+    assert units, "no unit files in systemd/"
+    for unit in units:
+        out = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and not out.stderr.strip(), f"{unit.name}: {out.stderr}"
+    text = (REPO / "systemd" / "edge.service").read_text()
+    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "Restart=on-failure", "StartLimitBurst=",
+                 "ExecStopPost="):
+        assert line in text, line

@@ -1,0 +1,138 @@
+"""The bundle under the real runc: READY over NOTIFY_SOCKET, embeddings through the mounted
+socket equal to the plain process's, a read-only root, no capabilities, a loud failure when
+a file is missing, and the supervisor's watchdog pings."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bundle_support import (REPO, UID, bundle_meta, plain_runtime, prepare_socket_dir, runc_or_skip, start_container,
+                      stop_process)
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Jetson appliances boot in under two seconds.",
+         "日本語の文も埋め込みます。"]
+
+
+def _embed_cli(address: str, texts: list[str]) -> np.ndarray:
+    out = subprocess.run([sys.executable, "-m", "edge.cli", "embed", "--connect", address, "--timeout", "30", *texts],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return np.asarray(json.loads(out.stdout)["embeddings"], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def container(ort_bundle, tmp_path_factory):
+    runc_or_skip()
+    prepare_socket_dir(bundle_meta(ort_bundle))
+    c = start_container(ort_bundle, tmp_path_factory.mktemp("runc"))
+    try:
+        c.wait_ready()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_ready_arrives_on_the_notify_socket(container):
+    fields = [f for n in container.notices for f in n.split(b"\n")]
+    assert b"READY=1" in fields
+    assert "boot.ready" in container.output()
+
+
+def test_embed_through_the_mounted_socket_matches_the_plain_process(container, ort_bundle, minilm_package, tmp_path):
+    meta = bundle_meta(ort_bundle)
+    sock = os.path.join(meta["socket_dir"], "edge.sock")
+    assert meta["address"] == f"ipc://{sock}"
+    st = os.stat(sock)
+    assert stat.S_ISSOCK(st.st_mode) and st.st_uid == UID and stat.S_IMODE(st.st_mode) == 0o660
+    in_bundle = _embed_cli(meta["address"], TEXTS)
+    proc, address = plain_runtime(minilm_package, tmp_path, {})
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(address[len("ipc://"):]) and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "plain.log").read_text()
+            time.sleep(0.1)
+        plain = _embed_cli(address, TEXTS)
+    finally:
+        stop_process(proc)
+    assert in_bundle.shape == plain.shape == (len(TEXTS), 384)
+    assert np.abs(in_bundle - plain).max() <= 1e-4
+
+
+def test_root_is_read_only_and_no_capabilities_inside(container, ort_bundle):
+    python = bundle_meta(ort_bundle)["python"]
+    check = (
+        "import os, errno, json\n"
+        "res = {}\n"
+        "for p in ('/probe', '/opt/edge/package/probe', os.path.dirname(os.__file__) + '/probe'):\n"
+        "    try:\n"
+        "        open(p, 'w').close(); res[p] = 'written'\n"
+        "    except OSError as e:\n"
+        "        res[p] = errno.errorcode[e.errno]\n"
+        "status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+        "caps = {k: int(status[k], 16) for k in ('CapEff', 'CapPrm', 'CapBnd', 'CapInh', 'CapAmb')}\n"
+        "print(json.dumps({'writes': res, 'caps': caps, 'uid': os.getuid(), 'nnp': status['NoNewPrivs'].strip(),\n"
+        "                  'seccomp': status['Seccomp'].strip(), 'rdonly': bool(os.statvfs('/').f_flag & os.ST_RDONLY),\n"
+        "                  'tmp_writable': os.access('/tmp', os.W_OK),\n"
+        "                  'ort_db': os.path.exists('/tmp/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db')}))\n"
+    )
+    out = container.exec(python, "-c", check)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert set(r["writes"].values()) == {"EROFS"}, r["writes"]
+    assert r["caps"] == {"CapEff": 0, "CapPrm": 0, "CapBnd": 0, "CapInh": 0, "CapAmb": 0}
+    assert r["uid"] == UID and r["nnp"] == "1" and r["seccomp"] == "2" and r["rdonly"]
+    # ONNX Runtime's SQLite database went to the tmpfs HOME, not the read-only root.
+    assert r["tmp_writable"] and r["ort_db"], r
+
+
+def test_seccomp_refuses_what_is_not_listed(container, ort_bundle):
+    python = bundle_meta(ort_bundle)["python"]
+    # unshare(CLONE_NEWUSER) would work unprivileged on this kernel; the profile refuses it.
+    code = "import ctypes, ctypes.util; libc = ctypes.CDLL('libc.so.6', use_errno=True); " \
+           "print(libc.unshare(0x10000000), ctypes.get_errno())"
+    out = container.exec(python, "-c", code)
+    assert out.returncode == 0, out.stderr
+    ret, err = out.stdout.split()
+    assert ret == "-1" and err == "1"  # EPERM
+
+
+def test_host_probe_speaks_zmtp_to_the_runtime(container, ort_bundle):
+    meta = bundle_meta(ort_bundle)
+    out = subprocess.run([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--probe", meta["address"]],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout) == {"ready": True, "detail": "ready"}
+
+
+def test_a_missing_file_fails_loudly_naming_it(ort_bundle, tmp_path):
+    from image.build_bundle import FILES_NAME, verify_bundle
+
+    runc_or_skip()
+    broken = tmp_path / "broken"
+    # Hard links: a full copy of the rootfs for the price of its directories.
+    subprocess.run(["cp", "-al", str(ort_bundle), str(broken)], check=True)
+    listed = [line.split("\t")[0] for line in (broken / FILES_NAME).read_text().splitlines()]
+    victim = next(p for p in listed if os.path.basename(p).startswith("libzmq"))  # dlopened by zmq's extension
+    (broken / "rootfs" / victim.lstrip("/")).unlink()
+    assert verify_bundle(broken) == [f"missing: {victim}"]
+    prepare_socket_dir(bundle_meta(broken))
+    c = start_container(broken, tmp_path / "run", prefix="edge-broken")
+    try:
+        deadline = time.monotonic() + 90
+        while c.proc.poll() is None and time.monotonic() < deadline and "Error" not in c.output():
+            time.sleep(0.2)
+        time.sleep(1.0)  # let the traceback reach the log
+        with pytest.raises(AssertionError):
+            c.wait_ready(deadline_s=2)
+    finally:
+        code = c.stop()
+    assert code not in (0, None)
+    assert os.path.basename(victim) in c.output(), c.output()
