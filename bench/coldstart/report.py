@@ -1,0 +1,192 @@
+"""Figures from the runs: per-phase statistics, the summary, the verdict, the table and the JSON record.
+
+Plain Python (no numpy): the benchmark process must not map libraries the runtime would
+otherwise have to read from disk in a cold-cache run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+__all__ = ["DEFAULT_BUDGET_MS", "GOALS", "stats", "phase_durations", "phase_table", "summarize", "verdict",
+           "format_table", "write_json", "compare"]
+
+DEFAULT_BUDGET_MS = 1500.0  # exec to first reply, median of the runs
+# This machine's goals (warm cache, median of 10); informational, the exit code follows the budget.
+GOALS = {"onnxruntime_ms": 500.0, "torchscript_over_import_torch_ms": 400.0, "ratio_min": 8.0,
+         "cold_own_stages_max_ratio": 2.0}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def stats(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"n": 0, "min": None, "median": None, "p95": None, "max": None}
+    return {"n": len(vals), "min": round(min(vals), 1), "median": round(statistics.median(vals), 1),
+            "p95": round(percentile(vals, 95), 1), "max": round(max(vals), 1)}
+
+
+def phase_durations(run: dict) -> dict[str, float]:
+    """One run's phases as durations (ms), derived phases added, in order of start."""
+    phases = run.get("phases") or {}
+    items = sorted(((k, v) for k, v in phases.items() if v), key=lambda kv: (kv[1][0], kv[1][1]))
+    out = {k: v[1] - v[0] for k, v in items}
+    if "import_runtime" in phases:
+        imports_end = phases["import_runtime"][1]
+        engine_import = out.get("import_engine", 0.0)
+        out["own_stages"] = run["total_ms"] - imports_end - engine_import
+    out["total"] = run["total_ms"]
+    if (run.get("timeline") or {}).get("exec_to_ready_ms") is not None:
+        ready = phases.get("ready_to_reply", [run["timeline"]["exec_to_ready_ms"]])[0]
+        out["exec_to_ready"] = ready
+    return out
+
+
+def _overlapped(runs: list[dict]) -> set[str]:
+    names = set()
+    for r in runs:
+        for s in (r.get("timeline") or {}).get("stages") or []:
+            if s.get("overlapped"):
+                names.add(s["stage"])
+    return names
+
+
+def phase_table(runs: list[dict]) -> dict[str, dict]:
+    """name -> stats of its duration over the runs, in the order phases happen."""
+    per_run = [phase_durations(r) for r in runs]
+    order: list[str] = []
+    for d in per_run:
+        for k in d:
+            if k not in order:
+                order.append(k)
+    derived = [k for k in ("own_stages", "exec_to_ready", "total") if k in order]
+    order = [k for k in order if k not in derived] + derived
+    return {k: stats([d.get(k) for d in per_run]) for k in order}
+
+
+def verdict(median_ms: float | None, budget_ms: float, failed: int = 0) -> tuple[bool, str]:
+    """(pass, one line): pass when every run replied correctly and the median is within budget."""
+    if failed or median_ms is None:
+        return False, f"FAIL: {failed} run(s) gave no correct reply; budget {budget_ms:.0f} ms not shown to be met"
+    if median_ms <= budget_ms:
+        return True, f"PASS: exec to first reply {median_ms:.0f} ms (median) within the budget of {budget_ms:.0f} ms"
+    return False, f"FAIL: exec to first reply {median_ms:.0f} ms (median) over the budget of {budget_ms:.0f} ms"
+
+
+def summarize(pairs: list[dict], engine: str, budget_ms: float, failures: int) -> dict:
+    totals = [p["runtime"]["total_ms"] for p in pairs if p.get("runtime")]
+    base = [p["baseline"]["total_ms"] for p in pairs if p.get("baseline")]
+    ratios = [p["ratio"] for p in pairs if p.get("ratio") is not None]
+    own = [phase_durations(p["runtime"]).get("own_stages") for p in pairs if p.get("runtime")]
+    ready = [phase_durations(p["runtime"]).get("exec_to_ready") for p in pairs if p.get("runtime")]
+    torch_imp = [p["import_torch"]["total_ms"] for p in pairs if p.get("import_torch")]
+    st = stats(totals)
+    ok, line = verdict(st["median"], budget_ms, failures)
+    s = {
+        "runs": len(pairs), "failed_runs": failures,
+        "median_ms": st["median"], "p95_ms": st["p95"], "min_ms": st["min"], "max_ms": st["max"],
+        "exec_to_ready_median_ms": stats(ready)["median"],
+        "own_stages_median_ms": stats([o for o in own if o is not None])["median"],
+        "baseline_median_ms": stats(base)["median"], "baseline_p95_ms": stats(base)["p95"],
+        "ratio_median": round(statistics.median(ratios), 2) if ratios else None,
+        "ratios": [round(r, 2) for r in ratios],
+        "budget_ms": budget_ms, "pass": ok, "verdict": line,
+    }
+    if torch_imp:
+        s["import_torch_median_ms"] = stats(torch_imp)["median"]
+    s["goals"] = _goals(s, engine)
+    return s
+
+
+def _goals(s: dict, engine: str) -> dict:
+    g: dict = {}
+    if s["median_ms"] is None:
+        return g
+    if engine == "onnxruntime":
+        g["exec_to_reply_le_ms"] = GOALS["onnxruntime_ms"]
+    elif s.get("import_torch_median_ms") is not None:
+        g["exec_to_reply_le_ms"] = round(s["import_torch_median_ms"] + GOALS["torchscript_over_import_torch_ms"], 1)
+    if "exec_to_reply_le_ms" in g:
+        g["exec_to_reply_met"] = s["median_ms"] <= g["exec_to_reply_le_ms"]
+    if s["ratio_median"] is not None:
+        g["ratio_ge"] = GOALS["ratio_min"]
+        g["ratio_met"] = s["ratio_median"] >= GOALS["ratio_min"]
+    return g
+
+
+def compare(record: dict, warm: dict) -> dict:
+    """Per-phase median ratio of this record to a warm-cache record of the same engine."""
+    mine, theirs = record["phases"]["runtime"], warm["phases"]["runtime"]
+    ratios = {}
+    for name, st in mine.items():
+        w = theirs.get(name, {}).get("median")
+        if st.get("median") is not None and w:
+            ratios[name] = round(st["median"] / w, 2)
+    out = {"against": warm.get("config", {}), "median_ratio": ratios}
+    if "own_stages" in ratios:
+        out["own_stages_ratio"] = ratios["own_stages"]
+        out["own_stages_within_goal"] = ratios["own_stages"] <= GOALS["cold_own_stages_max_ratio"]
+    return out
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def format_table(record: dict) -> str:
+    lines = []
+    overlapped = _overlapped([p["runtime"] for p in record["runs"] if p.get("runtime")])
+    for kind, title in (("runtime", f"{record['config']['mode']} ({record['config']['engine']})"),
+                        ("baseline", "glue baseline (sentence-transformers)"), ("import_torch", "bare `import torch`")):
+        table = record["phases"].get(kind)
+        if not table:
+            continue
+        lines.append(f"{title}, {record['config']['cache']} cache, ms:")
+        lines.append(f"  {'phase':<28}{'min':>9}{'median':>9}{'p95':>9}")
+        for name, st in table.items():
+            label = name + (" *" if name in overlapped else "")
+            if name in ("boot_imports", "own_stages", "exec_to_ready", "total") and kind == "runtime":
+                label = {"boot_imports": "boot_imports (edge.boot's)", "own_stages": "(own stages: no imports)",
+                         "exec_to_ready": "exec -> READY", "total": "TOTAL exec -> first reply"}[name]
+            elif name == "total":
+                label = "TOTAL exec -> result"
+            lines.append(f"  {label:<28}{_fmt(st['min']):>9}{_fmt(st['median']):>9}{_fmt(st['p95']):>9}")
+        lines.append("")
+    if overlapped:
+        lines.append("  * overlapped with the stages beside it (runs in a thread)")
+    s = record["summary"]
+    if s.get("ratio_median") is not None:
+        lines.append(f"baseline / runtime, per pair: {', '.join(f'{r:.1f}' for r in s['ratios'])}; "
+                     f"median {s['ratio_median']:.1f}x")
+    if s.get("goals"):
+        g = s["goals"]
+        parts = []
+        if "exec_to_reply_le_ms" in g:
+            parts.append(f"median <= {g['exec_to_reply_le_ms']:.0f} ms: {'met' if g['exec_to_reply_met'] else 'NOT met'}")
+        if "ratio_ge" in g:
+            parts.append(f">= {g['ratio_ge']:.0f}x baseline: {'met' if g['ratio_met'] else 'NOT met'}")
+        lines.append("goals (this machine, warm cache): " + "; ".join(parts))
+    if record.get("compare"):
+        c = record["compare"]
+        lines.append(f"against {c['against'].get('cache', '?')} record: own stages x{c.get('own_stages_ratio')}, "
+                     + ", ".join(f"{k} x{v}" for k, v in c["median_ratio"].items()))
+    return "\n".join(lines)
+
+
+def write_json(record: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
