@@ -185,10 +185,12 @@ class IpcServer:
             self.bind()
         self._loop_thread = threading.Thread(target=self.loop.run, name="edge-engine-loop", daemon=True)
         self._io_thread = threading.Thread(target=self._io_main, name="edge-ipc-io", daemon=True)
-        self._loop_thread.start()
-        self._io_thread.start()
+        # Ready before the I/O thread reads its first message: requests that
+        # clients queued before bind must be served, not told NOT_READY.
         if ready:
             self.mark_ready()
+        self._loop_thread.start()
+        self._io_thread.start()
 
     def mark_ready(self) -> None:
         if self._state is Lifecycle.BOOTING:

@@ -178,3 +178,16 @@ def test_torchscript_engine_serves_the_same_embeddings(minilm_package, tmp_path,
         assert result.meta.get("engine", health.get("engine", "torchscript")) == "torchscript"
     finally:
         assert rt.stop() == 0
+
+
+def test_request_sent_before_bind_is_served_not_refused(minilm_package, tmp_path):
+    # What a cold-start client does: connect and send at once, before the
+    # server has bound. ZeroMQ queues the request; it must get a result.
+    rt = start_runtime(tmp_path / "early", "--package", str(minilm_package))
+    try:
+        with EdgeClient(rt.address, timeout_s=120) as client:
+            result = client.embed(["sent before the server was ready"])
+        assert result.embeddings.shape == (1, 384)
+        rt.wait_ready()
+    finally:
+        assert rt.stop() == 0
