@@ -31,7 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHAPES = [(1, 32), (32, 128)]  # (rows, tokens)
 MAP_GOAL_MS = 100.0
 RATIO_GOAL = 1.0
-ENGINES = ("onnxruntime", "torchscript")
+ENGINES = ("onnxruntime", "torchscript")  # default settings: what the goals are judged on
+# Shown for the trade-off, not judged: ORT with MLAS pre-packing (faster GEMMs, copies weights).
+VARIANTS = {"onnxruntime+prepacking": ("onnxruntime", {"prepacking": True})}
 
 
 def rss_anon() -> int:
@@ -91,12 +93,13 @@ def _load(kind: str, package: Path):
         from edge.engines import import_engine, load_engine
         from edge.preload.manifest import open_package
 
-        import_engine(kind)
+        engine_name, options = VARIANTS.get(kind, (kind, {}))
+        import_engine(engine_name)
         pkg = open_package(package, verify="size")
         import_ms = (time.perf_counter() - t0) * 1e3
         before = rss_anon()
         t = time.perf_counter()
-        engine = load_engine(pkg, kind, device="cpu")
+        engine = load_engine(pkg, engine_name, device="cpu", **options)
         map_ms = (time.perf_counter() - t) * 1e3
         delta = rss_anon() - before
         weight_bytes = pkg.manifest.files[engine.info.get("weights", engine.info["file"])].size
@@ -129,12 +132,14 @@ def child(kind: str, package: Path) -> None:
             reply["first_ms"] = (time.perf_counter() - t) * 1e3
             for _ in range(3):  # burn-in: TorchScript's profiling executor needs 2-3 calls per shape
                 fn()
-        samples = []
+        samples, cpu = [], []
         for _ in range(req["runs"]):
+            c = time.process_time()
             t = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t) * 1e3)
-        reply["samples"] = samples
+            cpu.append((time.process_time() - c) * 1e3)
+        reply["samples"], reply["cpu"] = samples, cpu
         print(json.dumps(reply), flush=True)
 
 
@@ -147,6 +152,7 @@ class _Child:
         self.record = self._read()
         self.record["latency"] = {}
         self.samples: dict[str, list[float]] = {}
+        self.cpu: dict[str, list[float]] = {}
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -162,12 +168,15 @@ class _Child:
         if "first_ms" in reply:
             self.record["latency"][shape] = {"first_ms": reply["first_ms"]}
         self.samples.setdefault(shape, []).extend(reply["samples"])
+        self.cpu.setdefault(shape, []).extend(reply["cpu"])
 
     def finish(self) -> dict:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
         for shape, samples in self.samples.items():
             self.record["latency"][shape].update(_stats(samples))
+            # CPU time of the process per call (all threads): less swayed by other load than wall time.
+            self.record["latency"][shape]["cpu_median_ms"] = float(sorted(self.cpu[shape])[len(self.cpu[shape]) // 2])
         return self.record
 
 
@@ -194,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-large", type=int, default=10, help="measured runs at 32x128")
     parser.add_argument("--rounds", type=int, default=5, help="bursts per engine and shape, interleaved")
     parser.add_argument("--json", type=Path, default=REPO / ".cache" / "bench" / "engines.json")
+    parser.add_argument("--no-variants", dest="variants", action="store_false",
+                        help="skip the non-default settings shown for comparison (ORT with pre-packing)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     runs = {"1x32": args.runs_small, "32x128": args.runs_large}
@@ -204,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     package = _ensure_package(args.package)
     # Loads run one after another (each measured alone); then the timing bursts rotate
     # between the processes, so a noisy neighbour slows every engine alike.
-    children = [_Child(kind, package) for kind in ("sentence-transformers", *ENGINES)]
+    kinds = ["sentence-transformers", *ENGINES, *(VARIANTS if args.variants else ())]
+    children = [_Child(kind, package) for kind in kinds]
     rounds = args.rounds
     for r in range(rounds):
         for shape, total in runs.items():
@@ -215,30 +227,32 @@ def main(argv: list[str] | None = None) -> int:
     records = [c.finish() for c in children]
     base = records[0]
     mib = 2**20
-    print(f"{'':22}{'map ms':>8}{'RssAnon MiB':>13}{'% weights':>10}  "
+    print(f"{'':24}{'map ms':>8}{'RssAnon MiB':>13}{'% weights':>10}  "
           + "".join(f"{k + ' first/med/p95 ms':>30}{'ratio':>7}" for k in runs))
     ok = True
     for r in records:
-        line = (f"{r['kind']:22}{r['map_ms']:8.1f}{r['rss_anon_delta'] / mib:13.1f}"
+        line = (f"{r['kind']:24}{r['map_ms']:8.1f}{r['rss_anon_delta'] / mib:13.1f}"
                 f"{100 * r['rss_anon_delta'] / r['weight_bytes']:9.1f}%  ")
-        r["ratio"] = {}
+        r["ratio"], r["cpu_ratio"] = {}, {}
         for k in runs:
             lat, ref = r["latency"][k], base["latency"][k]
             ratio = lat["median_ms"] / ref["median_ms"]
             r["ratio"][k] = ratio
+            r["cpu_ratio"][k] = lat["cpu_median_ms"] / ref["cpu_median_ms"]
             line += f"{lat['first_ms']:12.1f} /{lat['median_ms']:7.1f} /{lat['p95_ms']:7.1f}{ratio:7.2f}"
-            if r["kind"] != base["kind"]:
+            if r["kind"] in ENGINES:
                 ok &= ratio <= RATIO_GOAL
-        if r["kind"] != base["kind"]:
+        if r["kind"] in ENGINES:
             ok &= r["map_ms"] <= MAP_GOAL_MS
         print(line)
     summary = " | ".join(
         f"{r['kind']}: map {r['map_ms']:.0f} ms, anon +{r['rss_anon_delta'] / mib:.1f} MiB, "
-        + ", ".join(f"{k} x{r['ratio'][k]:.2f}" for k in runs)
+        + ", ".join(f"{k} x{r['ratio'][k]:.2f} (cpu x{r['cpu_ratio'][k]:.2f})" for k in runs)
         for r in records[1:]
     )
-    goals = f"goals (map <= {MAP_GOAL_MS:.0f} ms, ratio <= {RATIO_GOAL}): {'met' if ok else 'NOT met'}"
-    print(f"engines: {summary} | {goals}")
+    goals = (f"goals of the default engines (map <= {MAP_GOAL_MS:.0f} ms, ratio <= {RATIO_GOAL}): "
+             f"{'met' if ok else 'NOT met'}")
+    print(f"engines: {summary} | {goals} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "package": str(package), "cpus": os.cpu_count(),
               "load_avg": os.getloadavg(), "records": records, "goals_met": ok}

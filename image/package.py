@@ -196,7 +196,10 @@ def build_package(
     ort_target_platform: str = "arm",
     tokenizer: bool = True,
 ) -> Path:
-    """Export the model into package directory ``out`` (replaced if it exists); return its path.
+    """Export the model into package directory ``out``; return its path.
+
+    An existing package at ``out`` is replaced (built beside it, then swapped in by two renames);
+    any other non-empty directory there is an error.
 
     ``ort_target_platform`` ("arm" for Jetson, "amd64") picks the converter's platform-specific
     optimisations. ``tokenizer=False`` leaves out ``tokenizer.fb`` (engine tests only).
@@ -208,6 +211,8 @@ def build_package(
     torch.manual_seed(0)
     src = Path(source) if source else source_dir()
     out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
+        raise FileExistsError(f"{out} exists and is not a model package; not replacing it")
     info = _read_source(src)
     cfg = BertConfig.from_hf(src / "config.json")
     corpus = [Path(p) for p in prune_corpus] if prune_corpus else None
@@ -279,9 +284,13 @@ def build_package(
         Manifest.model_validate(data)  # the reader's schema, so a bad build fails here, not on the device
         (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
         stage.chmod(0o755)  # mkdtemp made it private; the runtime user only needs to read
+        old = None
         if out.exists():
-            shutil.rmtree(out)
+            old = out.with_name(f".{out.name}.old.{os.getpid()}")
+            out.rename(old)
         stage.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -314,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edge-package", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="export all-MiniLM-L6-v2 into a model package")
-    b.add_argument("--out", required=True, type=Path, help="package directory (replaced if it exists)")
+    b.add_argument("--out", required=True, type=Path, help="package directory (an existing package there is replaced)")
     b.add_argument("--prune-corpus", nargs="+", type=Path, metavar="FILE",
                    help="domain text files; prune the vocabulary and the embedding rows to what they need")
     b.add_argument("--ort-target-platform", choices=("arm", "amd64"), default="arm",

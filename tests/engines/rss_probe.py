@@ -25,15 +25,10 @@ def main() -> None:
     options = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     import numpy as np
 
-    from edge.engines import load_engine
+    from edge.engines import import_engine, load_engine
     from edge.preload.manifest import open_package
 
-    if engine == "torchscript":
-        import torch  # noqa: F401
-    else:
-        from edge.engines.ort_capi import load_library
-
-        load_library()
+    import_engine(engine)  # import torch / load ORT's C library and create its OrtEnv
     pkg = open_package(package, verify="size")
     before = rss_anon()
     t0 = time.perf_counter()

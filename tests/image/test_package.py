@@ -35,6 +35,15 @@ def test_build_is_deterministic(minilm_package, tmp_path):
     assert diff == {}, f"not byte-identical: {diff}"
 
 
+def test_build_refuses_to_replace_a_non_package(tmp_path):
+    from image.package import build_package
+
+    (tmp_path / "notes.txt").write_text("precious")
+    with pytest.raises(FileExistsError):
+        build_package(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "precious"
+
+
 def test_weights_are_aligned_and_equal_the_source(minilm_package):
     from safetensors.numpy import load_file
 
