@@ -1,6 +1,7 @@
 """Open and verify a model package (the directory ``image/package.py`` writes).
 
-The manifest is validated once, at boot, with pydantic. A package whose manifest, file
+The manifest is validated once, at boot, by explicit checks (``edge/preload/schema.py``;
+pydantic would add 150-300 ms of import to every boot on this hardware). A package whose manifest, file
 sizes or hashes do not match is refused with :class:`edge.errors.PackageError`, whose
 ``file`` names the offending file.
 
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing import Any, Iterable, Literal
 
 from edge.errors import ErrorCode, PackageError
+from edge.preload.schema import Invalid, dict_of, integer, list_of, number, one_of, sha256_hex, string
 
 __all__ = [
     "FORMAT_VERSION",
@@ -38,62 +40,136 @@ __all__ = [
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_FILE = "tokenizer.fb"
-_CHUNK = 1 << 20  # bytes read per hashing step
+DTYPES = ("int64", "int32", "float32", "float16")
 
 
-class FileEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(ge=0)  # bytes
+@dataclass(frozen=True)
+class FileEntry:
+    sha256: str
+    size: int  # bytes
+
+    @classmethod
+    def model_validate(cls, d: Any, where: str) -> "FileEntry":
+        d = dict_of(d, where, keys={"sha256", "size"})
+        return cls(sha256_hex(d.get("sha256"), f"{where}.sha256"), integer(d.get("size"), f"{where}.size", ge=0))
 
 
-class TensorSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+@dataclass(frozen=True)
+class TensorSpec:
     name: str
-    dtype: Literal["int64", "int32", "float32", "float16"]
-    shape: list[int | str]  # symbolic dims are names ("batch", "sequence")
+    dtype: str  # one of DTYPES
+    shape: list  # ints, or names of symbolic dims ("batch", "sequence")
+
+    @classmethod
+    def model_validate(cls, d: Any, where: str) -> "TensorSpec":
+        d = dict_of(d, where, keys={"name", "dtype", "shape"})
+        shape = list_of(d.get("shape"), f"{where}.shape")
+        for i, dim in enumerate(shape):
+            if not isinstance(dim, str):
+                integer(dim, f"{where}.shape.{i}", ge=0)
+        return cls(string(d.get("name"), f"{where}.name"), one_of(d.get("dtype"), DTYPES, f"{where}.dtype"), shape)
 
 
-class Serving(BaseModel):
+def _ascending(v: Any, where: str) -> list[int]:
+    items = [integer(x, f"{where}.{i}", ge=1) for i, x in enumerate(list_of(v, where))]
+    if not items or items != sorted(set(items)):
+        raise Invalid(where, "must be non-empty, positive and strictly ascending")
+    return items
+
+
+@dataclass
+class Serving:
     """Package settings used by warm-up and the scheduler."""
 
-    model_config = ConfigDict(extra="allow")
-    buckets: list[int] = [16, 32, 64, 128, 256]  # tokens per row, ascending
-    batch_sizes: list[int] = [1, 2, 4, 8, 16, 32]  # rows warmed per bucket
+    buckets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])  # tokens per row, ascending
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # rows warmed per bucket
     max_batch_size: int = 32  # rows
     max_batch_tokens: int = 8192  # rows x bucket length
     max_delay_ms: float = 2.0  # oldest request's wait before a partial batch goes
     max_queue_requests: int = 1024
     max_queue_tokens: int = 262144
+    extra: dict = field(default_factory=dict)  # settings newer writers add (e.g. "warm")
 
-    @field_validator("buckets", "batch_sizes")
     @classmethod
-    def _ascending(cls, v: list[int]) -> list[int]:
-        if not v or any(x <= 0 for x in v) or v != sorted(set(v)):
-            raise ValueError("must be non-empty, positive and strictly ascending")
-        return v
+    def model_validate(cls, d: Any, where: str = "serving") -> "Serving":
+        d = dict(dict_of(d, where))
+        known = {}
+        for name in ("buckets", "batch_sizes"):
+            if name in d:
+                known[name] = _ascending(d.pop(name), f"{where}.{name}")
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens"):
+            if name in d:
+                known[name] = integer(d.pop(name), f"{where}.{name}", ge=1)
+        if "max_delay_ms" in d:
+            known["max_delay_ms"] = number(d.pop("max_delay_ms"), f"{where}.max_delay_ms", ge=0)
+        return cls(**known, extra=d)
+
+    def model_dump(self) -> dict:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        out = {k: list(v) if isinstance(v, list) else v for k, v in out.items()}
+        return {**out, **self.extra}
 
 
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # newer writers may add fields; format_version guards breaks
+@dataclass
+class Manifest:
     format_version: int
     name: str
-    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    tokenizer_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    package_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    model_sha256: str
+    tokenizer_sha256: str | None
+    package_sha256: str
     files: dict[str, FileEntry]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    output_dim: int = Field(gt=0)
-    max_seq_length: int = Field(gt=0)  # tokens, specials included
-    pooling: Literal["mean", "cls"]
+    output_dim: int
+    max_seq_length: int  # tokens, specials included
+    pooling: str  # "mean" | "cls"
     normalize: bool
-    vocab_size: int = Field(gt=0)  # rows of the word-embedding table in this package
+    vocab_size: int  # rows of the word-embedding table in this package
     engines: dict[str, dict]  # engine name -> {"files": [...], ...}
     serving: Serving
     source: dict
     tool_versions: dict[str, str]
-    nondeterministic: dict[str, str] = {}  # file -> why two exports differ
+    nondeterministic: dict[str, str] = field(default_factory=dict)  # file -> why two exports differ
+    extra: dict = field(default_factory=dict)  # fields newer writers add; format_version guards breaks
+
+    @classmethod
+    def model_validate(cls, data: Any) -> "Manifest":
+        """Check types and ranges of every field; raises :class:`Invalid` naming the field."""
+        d = dict(dict_of(data, "manifest"))
+        take = d.pop
+
+        def need(name: str) -> Any:
+            if name not in d:
+                raise Invalid(name, "field required")
+            return take(name)
+
+        files = {}
+        for name, entry in dict_of(need("files"), "files").items():
+            if not name or name != os.path.basename(name) or name in (".", "..", MANIFEST_NAME):
+                raise Invalid(f"files.{name}", "must be a plain file name inside the package")
+            files[name] = FileEntry.model_validate(entry, f"files.{name}")
+        tok = take("tokenizer_sha256", None)
+        return cls(
+            format_version=integer(need("format_version"), "format_version"),
+            name=string(need("name"), "name"),
+            model_sha256=sha256_hex(need("model_sha256"), "model_sha256"),
+            tokenizer_sha256=None if tok is None else sha256_hex(tok, "tokenizer_sha256"),
+            package_sha256=sha256_hex(need("package_sha256"), "package_sha256"),
+            files=files,
+            inputs=[TensorSpec.model_validate(x, f"inputs.{i}") for i, x in enumerate(list_of(need("inputs"), "inputs"))],
+            outputs=[TensorSpec.model_validate(x, f"outputs.{i}") for i, x in enumerate(list_of(need("outputs"), "outputs"))],
+            output_dim=integer(need("output_dim"), "output_dim", ge=1),
+            max_seq_length=integer(need("max_seq_length"), "max_seq_length", ge=1),
+            pooling=one_of(need("pooling"), ("mean", "cls"), "pooling"),
+            normalize=one_of(need("normalize"), (True, False), "normalize"),
+            vocab_size=integer(need("vocab_size"), "vocab_size", ge=1),
+            engines={k: dict_of(v, f"engines.{k}") for k, v in dict_of(need("engines"), "engines").items()},
+            serving=Serving.model_validate(need("serving")),
+            source=dict_of(need("source"), "source"),
+            tool_versions={k: string(v, f"tool_versions.{k}") for k, v in dict_of(need("tool_versions"), "tool_versions").items()},
+            nondeterministic={k: string(v, f"nondeterministic.{k}") for k, v in dict_of(take("nondeterministic", {}), "nondeterministic").items()},
+            extra=d,
+        )
 
     @property
     def tokenizer(self) -> str:
@@ -104,24 +180,19 @@ class Manifest(BaseModel):
         """The serving settings as a plain dict (warm-up and the scheduler read these)."""
         return self.serving.model_dump()
 
-    @field_validator("files")
-    @classmethod
-    def _plain_names(cls, v: dict[str, FileEntry]) -> dict[str, FileEntry]:
-        for name in v:
-            if not name or name != os.path.basename(name) or name in (".", "..", MANIFEST_NAME):
-                raise ValueError(f"file name {name!r} must be a plain file name inside the package")
-        return v
-
 
 def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in 1 MiB steps into one reused buffer."""
-    h = hashlib.sha256()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
+    """Hex sha256 of a file.
+
+    The file is mapped and hashed in one call: hashlib releases the GIL for
+    the whole buffer, so verification in a boot thread does not starve the
+    main thread (a Python read loop took the GIL back every MiB).
+    """
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
+        if os.fstat(f.fileno()).st_size == 0:
+            return hashlib.sha256(b"").hexdigest()
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            return hashlib.sha256(mapped).hexdigest()
 
 
 def manifest_digest(data: dict) -> str:
@@ -215,11 +286,9 @@ def _load_manifest(root: Path) -> Manifest:
                            f"(this runtime reads {FORMAT_VERSION})", ErrorCode.PACKAGE_INVALID, file=MANIFEST_NAME)
     try:
         manifest = Manifest.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise PackageError(f"{MANIFEST_NAME}: {where}: {first['msg']} ({exc.error_count()} error(s))",
-                           ErrorCode.PACKAGE_INVALID, file=MANIFEST_NAME) from None
+    except Invalid as exc:
+        raise PackageError(f"{MANIFEST_NAME}: {exc.where}: {exc.reason}", ErrorCode.PACKAGE_INVALID,
+                           file=MANIFEST_NAME) from None
     if manifest_digest(data) != manifest.package_sha256:
         raise PackageError(f"{MANIFEST_NAME}: package_sha256 does not match its content (edited manifest)",
                            ErrorCode.PACKAGE_HASH_MISMATCH, file=MANIFEST_NAME)

@@ -15,7 +15,6 @@ Only numpy and the standard library: no torch here.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import mmap
 import os
@@ -43,7 +42,9 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 
 _MAX_HEADER = 100 * 1024 * 1024  # bytes; the safetensors reference reader's limit
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# dlopen(NULL): the symbols already in the process, libc's mmap among them.
+# ctypes.util.find_library would fork /sbin/ldconfig on every boot.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.restype = ctypes.c_int

@@ -1,0 +1,77 @@
+"""Small explicit checks for JSON documents read at boot (the package manifest).
+
+Each checker takes the value and ``where`` (a dotted path such as
+``serving.buckets.2``) and returns the value or raises :class:`Invalid`
+naming that path, so a bad manifest is refused with the field to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+__all__ = ["Invalid", "dict_of", "list_of", "string", "integer", "number", "one_of", "sha256_hex"]
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class Invalid(ValueError):
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
+def dict_of(v: Any, where: str, keys: set[str] | None = None) -> dict:
+    """A JSON object; with ``keys``, exactly those keys may appear (all required)."""
+    if not isinstance(v, dict):
+        raise Invalid(where, f"expected an object, got {type(v).__name__}")
+    if keys is not None:
+        extra, missing = set(v) - keys, keys - set(v)
+        if extra:
+            raise Invalid(f"{where}.{sorted(extra)[0]}", "unexpected field")
+        if missing:
+            raise Invalid(f"{where}.{sorted(missing)[0]}", "field required")
+    return v
+
+
+def list_of(v: Any, where: str) -> list:
+    if not isinstance(v, list):
+        raise Invalid(where, f"expected a list, got {type(v).__name__}")
+    return v
+
+
+def string(v: Any, where: str) -> str:
+    if not isinstance(v, str):
+        raise Invalid(where, f"expected a string, got {type(v).__name__}")
+    return v
+
+
+def integer(v: Any, where: str, ge: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise Invalid(where, f"expected an integer, got {type(v).__name__}")
+    if ge is not None and v < ge:
+        raise Invalid(where, f"must be >= {ge}, got {v}")
+    return v
+
+
+def number(v: Any, where: str, ge: float | None = None) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise Invalid(where, f"expected a number, got {type(v).__name__}")
+    if ge is not None and v < ge:
+        raise Invalid(where, f"must be >= {ge}, got {v}")
+    return float(v)
+
+
+def one_of(v: Any, allowed: Iterable, where: str) -> Any:
+    allowed = tuple(allowed)
+    # bool is an int in Python: compare types too, so 1 is not accepted for True.
+    if not any(v == a and type(v) is type(a) for a in allowed):
+        raise Invalid(where, f"must be one of {', '.join(map(repr, allowed))}, got {v!r}")
+    return v
+
+
+def sha256_hex(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not _SHA256.fullmatch(v):
+        raise Invalid(where, "expected 64 lowercase hex digits (sha256)")
+    return v
