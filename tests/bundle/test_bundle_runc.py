@@ -96,7 +96,7 @@ def test_root_is_read_only_and_no_capabilities_inside(container, ort_bundle):
 def test_seccomp_refuses_what_is_not_listed(container, ort_bundle):
     python = bundle_meta(ort_bundle)["python"]
     # unshare(CLONE_NEWUSER) would work unprivileged on this kernel; the profile refuses it.
-    code = "import ctypes, ctypes.util; libc = ctypes.CDLL('libc.so.6', use_errno=True); " \
+    code = "import ctypes; libc = ctypes.CDLL('libc.so.6', use_errno=True); " \
            "print(libc.unshare(0x10000000), ctypes.get_errno())"
     out = container.exec(python, "-c", code)
     assert out.returncode == 0, out.stderr
