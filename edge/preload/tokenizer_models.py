@@ -48,15 +48,14 @@ class VocabTable:
         return bytes(self._blob[self._offsets[i] : self._offsets[i + 1]]).decode("utf-8")
 
 
-class WordPiece:
-    """Greedy longest-match-first, as ``tokenizers``' WordPiece model."""
+class _WordCache:
+    """Memo of word -> ids: real text repeats words, so most lookups skip the model.
 
-    def __init__(self, vocab: VocabTable, unk_id: int, prefix: str, max_chars: int) -> None:
-        self._vocab = vocab
-        self._unk = unk_id
-        self._prefix = prefix
-        self._max_chars = max_chars
-        self._cache: dict[str, tuple[int, ...]] = {}
+    Cleared when full rather than evicted one by one: cheaper per hit, and a
+    refill costs one model run per distinct word.
+    """
+
+    _cache: dict[str, tuple[int, ...]]  # subclasses create it and define _tokenize(word)
 
     def tokenize(self, word: str) -> tuple[int, ...]:
         ids = self._cache.get(word)
@@ -66,6 +65,17 @@ class WordPiece:
                 self._cache.clear()
             self._cache[word] = ids
         return ids
+
+
+class WordPiece(_WordCache):
+    """Greedy longest-match-first, as ``tokenizers``' WordPiece model."""
+
+    def __init__(self, vocab: VocabTable, unk_id: int, prefix: str, max_chars: int) -> None:
+        self._vocab = vocab
+        self._unk = unk_id
+        self._prefix = prefix
+        self._max_chars = max_chars
+        self._cache: dict[str, tuple[int, ...]] = {}
 
     def _tokenize(self, word: str) -> tuple[int, ...]:
         if len(word) > self._max_chars:  # counted in characters, as chars().count()
@@ -93,7 +103,7 @@ class WordPiece:
         return (self._unk,)
 
 
-class BPE:
+class BPE(_WordCache):
     """Merges by rank (lowest rank first, leftmost among equals), as ``tokenizers``' BPE."""
 
     def __init__(
@@ -130,15 +140,6 @@ class BPE:
             if left[r] == a and right[r] == b:
                 return r
             h = (h + 1) & mask
-
-    def tokenize(self, word: str) -> tuple[int, ...]:
-        ids = self._cache.get(word)
-        if ids is None:
-            ids = self._tokenize(word)
-            if len(self._cache) >= WORD_CACHE_MAX:
-                self._cache.clear()
-            self._cache[word] = ids
-        return ids
 
     def _tokenize(self, word: str) -> tuple[int, ...]:
         if self._ignore_merges:
