@@ -2,12 +2,14 @@
 
 Stages, in order (independent ones overlap, see ``boot``)::
 
-    interpreter ─ import_runtime ─ open_package ─┬─ import_engine ──┬─ map_weights ─ prewarm_device ─ preallocate
-                                                 ├─ verify_package ─┘   ─ warm_buckets ─ bind ─ start_server ─ READY
-                                                 └─ load_tokenizer (thread, joined before warm-up)
+    interpreter ─ import_manifest ─ open_package ─┬─ import_runtime ─ import_engine ─┬─ map_weights ─ prewarm_device
+                                                  └─ verify_package (thread) ───────┘
+        ─ preallocate ─┬─ warm_buckets ─────────┬─ bind ─ start_server ─ READY
+                       └─ import_server (thread)┘
+    load_tokenizer (thread) runs from the end of import_runtime, joined before warm-up.
 
 ``verify_package`` hashes the files the engine will map before any parser
-reads them; it runs beside ``import_engine``.
+reads them, on the other core while the main thread imports.
 
 Each stage's start and end (ms since exec) go into the timeline, which is
 logged as one JSON line, written to a file and returned by ``stats``. A stage
@@ -23,6 +25,7 @@ import time
 _MODULE_BOOTTIME_S = time.clock_gettime(time.CLOCK_BOOTTIME)
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -168,12 +171,8 @@ def boot(args: argparse.Namespace, timeline: Timeline):
     """Run every stage up to a bound, started server; returns (server, info)."""
     stages = _Stages(timeline)
     timeline.add("interpreter", 0.0, timeline.ms_at(_MODULE_BOOTTIME_S))
-    with timeline.stage("import_runtime"):
-        from edge import warmup
-        from edge.engines import import_engine, load_engine
-        from edge.ipc.server import IpcServer, default_bind_address
-        from edge.preload.manifest import open_package
-        from edge.preload.tokenizer import Tokenizer
+    with timeline.stage("import_manifest"):
+        from edge.preload.manifest import open_package  # stdlib only: json, hashlib, mmap
     if args.package:
         package_dir = Path(args.package)
     else:
@@ -182,14 +181,19 @@ def boot(args: argparse.Namespace, timeline: Timeline):
     manifest = pkg.manifest
     tokenizer_file = manifest.tokenizer
     # Hash the files before any parser sees them (a corrupt file must be refused
-    # by name, not crash a native library), overlapped with the engine import.
-    # The device kind is a guess until the library is loaded: "auto" starts
-    # with the CPU files and adds the GPU ones if the engine will use CUDA.
+    # by name, not crash a native library). hashlib releases the GIL, so this
+    # runs on the other core while the main thread imports numpy, zmq and the
+    # engine library. The device kind is a guess until the library is loaded:
+    # "auto" starts with the CPU files and adds the GPU ones if needed.
     guess = "cuda" if args.device.startswith("cuda") else "cpu"
     to_verify = {tokenizer_file, *pkg.engine_files(args.engine, guess)}
     verify = None
     if args.verify == "full":
         verify = _Background(timeline, "verify_package", pkg.verify_files, sorted(to_verify))
+    with timeline.stage("import_runtime"):
+        from edge import warmup
+        from edge.engines import import_engine, load_engine
+        from edge.preload.tokenizer import Tokenizer
     tokenizer_task = _Background(timeline, "load_tokenizer", Tokenizer.open, pkg.path(tokenizer_file))
 
     backend = stages.run("import_engine", "--engine", import_engine, args.engine, engine=args.engine)
@@ -205,11 +209,15 @@ def boot(args: argparse.Namespace, timeline: Timeline):
     stages.run("prewarm_device", "--device / --cuda-reserve-mb", warmup.prewarm_device, engine, args.cuda_reserve_mb)
     buffers = stages.run("preallocate", "serving.max_batch_size in the package", warmup.preallocate, serving, engine, tokenizer.pad_id)
     plan = warmup.warm_plan(serving, engine)
+    # The server's modules (zmq, msgpack, the protocol) load while the engine
+    # computes the warm-up batches: ctypes and torch release the GIL there.
+    server_import = _Background(timeline, "import_server", importlib.import_module, "edge.ipc.server")
     stages.run(
         "warm_buckets", "serving.warm in the package", warmup.warm_buckets, engine, buffers, plan,
         tokenizer.encode(WARM_TEXT, max_length=max(serving["buckets"])).ids,
         shapes=len(plan.shapes), repeats=plan.repeats,
     )
+    server_mod = stages.join("import_server", "reinstall edge (pyzmq, msgpack)", server_import)
     lineage = {
         "model": manifest.name,
         "model_sha256": manifest.model_sha256,
@@ -218,8 +226,8 @@ def boot(args: argparse.Namespace, timeline: Timeline):
         "engine": engine.name,
         "device": engine.device,
     }
-    bind = args.bind or default_bind_address()
-    server = IpcServer(
+    bind = args.bind or server_mod.default_bind_address()
+    server = server_mod.IpcServer(
         bind=bind, engine=engine, tokenizer=tokenizer, serving=serving,
         max_seq_length=manifest.max_seq_length, lineage=lineage, input_buffers=buffers,
         timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
