@@ -184,7 +184,7 @@ def test_real_run_record(real_run):
         rt, base = pair["runtime"], pair["baseline"]
         assert rt["cosine"] >= L.MIN_COSINE and base["cosine"] >= L.MIN_COSINE
         stages = [st["stage"] for st in rt["timeline"]["stages"]]
-        assert stages[:2] == ["interpreter", "import_runtime"] and "warm_buckets" in stages
+        assert stages[0] == "interpreter" and {"import_runtime", "warm_buckets"} <= set(stages)
         # One clock: the runtime's READY lies between its exec and our reply.
         assert 0 < rt["timeline"]["exec_to_ready_ms"] <= rt["total_ms"]
         assert pair["ratio"] == pytest.approx(base["total_ms"] / rt["total_ms"])
