@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -187,6 +188,18 @@ def _convert_ort(onnx_path: Path, out_path: Path, target_platform: str) -> bool:
     return "EDGE_ASLR_STILL_ON" not in proc.stderr
 
 
+class _Progress:
+    """One line per build step on stderr, with the time since the build began."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        sys.stderr.write(f"edge-package: [{self.done}/{self.total}] {what} ({time.monotonic() - self.t0:.1f} s)\n")
+        sys.stderr.flush()
+
+
 def build_package(
     out: str | os.PathLike,
     *,
@@ -208,6 +221,8 @@ def build_package(
 
     from image.export_model import BertConfig, build_encoder, load_hf_weights
 
+    progress = _Progress(7)
+    progress.step("reading the source model")
     torch.manual_seed(0)
     src = Path(source) if source else source_dir()
     out = Path(out)
@@ -216,6 +231,7 @@ def build_package(
     info = _read_source(src)
     cfg = BertConfig.from_hf(src / "config.json")
     corpus = [Path(p) for p in prune_corpus] if prune_corpus else None
+    progress.step("compiling the tokenizer" + (" and pruning it" if corpus else ""))
     fb, new_to_old, prune_report = _tokenizer(src, corpus) if tokenizer else (None, None, None)
     if new_to_old is not None:
         cfg = BertConfig(**{**cfg.__dict__, "vocab_size": int(len(new_to_old))})
@@ -226,18 +242,22 @@ def build_package(
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        progress.step("writing mappable weights and the TorchScript skeleton")
         write_safetensors(stage / "weights.safetensors", {k: v.numpy() for k, v in weights.items()},
                           {"format": "pt", "source": SOURCE_MODEL})
         with warnings.catch_warnings():
             # torch.jit is deprecated, but still the one format that loads in ms with mapped weights
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.jit.script(build_encoder(cfg)).save(str(stage / "model.ts"))  # weightless skeleton
+        progress.step("exporting ONNX")
         _export_onnx(build_encoder(cfg, weights), stage / "model.onnx")
+        progress.step("converting to ORT format")
         nondeterministic = dict(NONDETERMINISTIC)
         if not _convert_ort(stage / "model.onnx", stage / "model.ort", ort_target_platform):
             nondeterministic["model.ort"] = ORT_ASLR_REASON
         if fb is not None:
             (stage / TOKENIZER_FILE).write_bytes(fb)
+        progress.step("hashing files and writing the manifest")
         files = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size}
                  for p in sorted(stage.iterdir()) if p.is_file()}
         hashes = {n: e["sha256"] for n, e in files.items()}
@@ -284,6 +304,7 @@ def build_package(
         Manifest.model_validate(data)  # the reader's schema, so a bad build fails here, not on the device
         (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
         stage.chmod(0o755)  # mkdtemp made it private; the runtime user only needs to read
+        progress.step(f"done: {out}")
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old.{os.getpid()}")
