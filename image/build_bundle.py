@@ -34,7 +34,7 @@ from pathlib import Path
 
 from image.bundle import cdi, oci_config, seccomp
 from image.bundle.progress import Progress, human_bytes
-from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, tree_size
+from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, tmp_roots, tree_size
 from image.bundle.trace import TraceError, trace_boot
 
 __all__ = ["build_bundle", "verify_bundle", "BundleError", "main", "METADATA_NAME", "FILES_NAME", "BUNDLE_FORMAT"]
@@ -133,7 +133,8 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             raise BundleError(f"the boot uses syscalls the seccomp profile refuses: {', '.join(refused)} "
                               f"(add them to image/bundle/seccomp.py ALLOWED if they are safe)")
         exclude = [str(package), *(cdi.mount_paths(edits) if edits else [])]
-        files = select_files(trace, exclude)
+        under_tmp = tmp_roots(trace)
+        files = select_files(trace, exclude, under_tmp)
         wrong = [(f, m) for f in files if (m := elf_machine(f)) is not None and m != arch]
         if wrong:
             raise BundleError(f"{len(wrong)} native file(s) are not {arch}, e.g. {wrong[0][0]} ({wrong[0][1]})")
@@ -153,7 +154,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             args=[trace.executable, "-m", "edge.boot", *boot_args, "--package", PACKAGE_PATH,
                   "--bind", tcp or f"ipc://{oci_config.CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"],
             env=env, uid=user[0], gid=user[1], socket_dir_host=socket_dir, arch=arch,
-            share_host_network=bool(tcp))
+            share_host_network=bool(tcp), tmp_roots=under_tmp)
         deferred = cdi.merge(config, edits) if edits else []
         rootfs.make_mountpoints(config["mounts"])
         rootfs.write_etc(user[0], user[1], config["process"]["user"].get("additionalGids", []))

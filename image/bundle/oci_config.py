@@ -50,8 +50,15 @@ def _mounts(socket_dir_host: str) -> list[dict]:
     ]
 
 
+def tmp_bind_mounts(roots: list[str]) -> list[dict]:
+    """Read-only binds of ``rootfs/<root>`` over the /tmp tmpfs (sources relative to the bundle)."""
+    return [{"destination": r, "type": "bind", "source": "rootfs" + r, "options": ["rbind", "ro", "nosuid", "nodev"]}
+            for r in roots]
+
+
 def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, socket_dir_host: str,
-                   arch: str, share_host_network: bool = False, hostname: str = "edge") -> dict:
+                   arch: str, share_host_network: bool = False, hostname: str = "edge",
+                   tmp_roots: list[str] = ()) -> dict:
     """The config.json dict (before CDI edits are merged)."""
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if not share_host_network:
@@ -70,7 +77,7 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": hostname,
-        "mounts": _mounts(socket_dir_host),
+        "mounts": _mounts(socket_dir_host) + tmp_bind_mounts(list(tmp_roots)),
         "linux": {
             "resources": {"devices": [{"allow": False, "access": "rwm"}]},
             "namespaces": namespaces,

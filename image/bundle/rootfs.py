@@ -120,15 +120,32 @@ def _programs(trace: Trace) -> set[str]:
     return found
 
 
-def select_files(trace: Trace, exclude: list[str]) -> list[str]:
-    """Regular files (or links to them) to copy: the trace, the startup files, the edge package."""
+def tmp_roots(trace: Trace) -> list[str]:
+    """The environment's and the edge package's directories that lie under /tmp (outermost only).
+
+    The container mounts a tmpfs on /tmp, which would hide them; the bundle
+    copies them all the same and bind-mounts them back, read-only, over the
+    tmpfs (see ``oci_config.tmp_bind_mounts``). A CI checkout in /tmp needs it.
+    """
+    roots = {trace.prefix, trace.base_prefix, *(
+        os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}
+    under = sorted(os.path.normpath(r) for r in roots if _under(os.path.normpath(r), ["/tmp"]))
+    return [r for r in under if not any(r != o and _under(r, [o]) for o in under)]
+
+
+def select_files(trace: Trace, exclude: list[str], keep_roots: list[str] = ()) -> list[str]:
+    """Regular files (or links to them) to copy: the trace, the startup files, the edge package.
+
+    ``keep_roots``: directories under an excluded prefix (/tmp) to copy anyway.
+    """
     wanted = trace.all_paths() | _startup_files(trace) | _edge_package_files(trace) | _programs(trace)
     wanted |= {i for f in list(wanted) if (i := elf_interpreter(f))}
     wanted |= _sibling_links(wanted)
     keep = []
     for path in wanted:
         path = os.path.normpath(path)
-        if _under(path + "/", ALWAYS_EXCLUDED) or path in HOST_IDENTITY or _under(path, exclude):
+        masked = _under(path + "/", ALWAYS_EXCLUDED) and not _under(path, keep_roots)
+        if masked or path in HOST_IDENTITY or _under(path, exclude):
             continue
         if os.path.isfile(path):  # follows links: the link is recreated, the file copied
             keep.append(path)
