@@ -51,9 +51,11 @@ def _mounts(socket_dir_host: str) -> list[dict]:
 
 
 def tmp_bind_mounts(roots: list[str]) -> list[dict]:
-    """Read-only binds of ``rootfs/<root>`` over the /tmp tmpfs (sources relative to the bundle)."""
-    return [{"destination": r, "type": "bind", "source": "rootfs" + r, "options": ["rbind", "ro", "nosuid", "nodev"]}
-            for r in roots]
+    """Read-only binds of the rootfs copies of ``roots`` over the /tmp tmpfs (sources relative to the bundle)."""
+    from image.bundle.rootfs import store_path
+
+    return [{"destination": r, "type": "bind", "source": "rootfs" + store_path(r),
+             "options": ["rbind", "ro", "nosuid", "nodev"]} for r in roots]
 
 
 def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, socket_dir_host: str,

@@ -170,6 +170,17 @@ def tree_size(*roots: str | os.PathLike) -> tuple[int, int]:
     return total, count
 
 
+# Where files whose host path lies under /tmp are stored in the rootfs. Not
+# under rootfs/tmp itself: runc mounts the tmpfs there first, which would hide
+# the bind source. oci_config binds <STORE>/tmp/X back onto /tmp/X.
+UNDER_TMP_STORE = "/opt/edge/under-tmp"
+
+
+def store_path(path: str) -> str:
+    """Where container path ``path`` is stored inside the rootfs directory."""
+    return UNDER_TMP_STORE + path if _under(path, ["/tmp"]) and path.rstrip("/") != "/tmp" else path
+
+
 class Rootfs:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -178,12 +189,12 @@ class Rootfs:
         self.copied: list[str] = []  # host paths of the regular files copied
 
     def inside(self, path: str) -> Path:
-        return self.root / path.lstrip("/")
+        return self.root / store_path(path).lstrip("/")
 
     def mkdir(self, path: str) -> None:
         """Create ``path`` (absolute, container view) as real 0755 directories."""
         cur = self.root
-        for part in Path(path).parts[1:]:
+        for part in Path(store_path(path)).parts[1:]:
             cur = cur / part
             if cur.is_symlink():
                 raise RuntimeError(f"{cur} is a symlink; refusing to create directories through it")
@@ -275,13 +286,16 @@ class Rootfs:
         be compiled again on every boot. ``-s/-p`` make the recorded source path the
         container path, not the build directory.
         """
-        dirs = [str(self.inside(p)) for p in prefixes if self.inside(p).is_dir()]
-        if not dirs:
-            return
-        cmd = [python, "-m", "compileall", "-q", "-j", "0", "-s", str(self.root), "-p", "/", *dirs]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"compileall failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        for relocated in (False, True):
+            dirs = [str(self.inside(p)) for p in prefixes
+                    if self.inside(p).is_dir() and (store_path(p) != p) == relocated]
+            if not dirs:
+                continue
+            strip = self.root / UNDER_TMP_STORE.lstrip("/") if relocated else self.root
+            cmd = [python, "-m", "compileall", "-q", "-j", "0", "-s", str(strip), "-p", "/", *dirs]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"compileall failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
 
     def ldconfig(self) -> bool:
         """A loader cache of this root's libraries, when the build host has ldconfig."""
