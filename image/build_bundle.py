@@ -34,7 +34,7 @@ from pathlib import Path
 
 from image.bundle import cdi, oci_config, seccomp
 from image.bundle.progress import Progress, human_bytes
-from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, tmp_roots, tree_size
+from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
 from image.bundle.trace import TraceError, trace_boot
 
 __all__ = ["build_bundle", "verify_bundle", "BundleError", "main", "METADATA_NAME", "FILES_NAME", "BUNDLE_FORMAT"]
@@ -223,7 +223,7 @@ def verify_bundle(bundle: Path) -> list[str]:
     problems = []
     for line in (bundle / FILES_NAME).read_text().splitlines():
         path, size = line.rsplit("\t", 1)
-        inside = bundle / "rootfs" / path.lstrip("/")
+        inside = bundle / "rootfs" / store_path(path).lstrip("/")
         if not inside.exists():
             problems.append(f"missing: {path}")
         elif inside.stat().st_size != int(size):

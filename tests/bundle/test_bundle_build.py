@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from image.bundle.rootfs import store_path
+
 from bundle_support import FIXTURES, GID, REPO, UID, bundle_meta
 from image.bundle import cdi, oci_config, seccomp
 from image.bundle.rootfs import Rootfs, elf_machine
@@ -80,20 +82,20 @@ def test_rootfs_holds_the_traced_runtime_and_nothing_else(ort_bundle):
     root = ort_bundle / "rootfs"
     site = Path(next(p for p in (ort_bundle / "rootfs.files").read_text().split() if "site-packages" in p).split(
         "site-packages")[0] + "site-packages")
-    present = {p.name for p in (root / str(site).lstrip("/")).iterdir()}
+    present = {p.name for p in (root / store_path(str(site)).lstrip("/")).iterdir()}
     for needed in ("zmq", "numpy", "msgpack", "flatbuffers", "onnxruntime"):
         assert needed in present, needed
     for unneeded in ("torch", "sentence_transformers", "transformers", "pytest", "onnx", "pip", "tokenizers",
                      "pydantic"):
         assert unneeded not in present, unneeded
-    ort_dir = root / str(site).lstrip("/") / "onnxruntime" / "capi"
+    ort_dir = root / store_path(str(site)).lstrip("/") / "onnxruntime" / "capi"
     assert any(p.name.startswith("libonnxruntime.so") for p in ort_dir.iterdir())  # via ctypes, seen in maps
     assert not list(ort_dir.glob("onnxruntime_pybind11_state*"))  # the Python binding is never imported
     assert (root / "lib64" / "ld-linux-x86-64.so.2").is_symlink() or os.uname().machine != "x86_64"
     assert meta["trace"]["modules"] > 100 and meta["trace"]["mapped_files"] > 10
     assert verify_bundle(ort_bundle) == []
     # Every traced library is of the target architecture.
-    machines = {elf_machine(str(root / line.split("\t")[0].lstrip("/")))
+    machines = {elf_machine(str(root / store_path(line.split("\t")[0]).lstrip("/")))
                 for line in (ort_bundle / "rootfs.files").read_text().splitlines()}
     assert machines - {None} == {meta["arch"]}
 

@@ -14,6 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from image.bundle.rootfs import store_path
+
 from bundle_support import (REPO, UID, bundle_meta, plain_runtime, prepare_socket_dir, runc_or_skip, start_container,
                       stop_process)
 
@@ -121,7 +123,7 @@ def test_a_missing_file_fails_loudly_naming_it(ort_bundle, tmp_path):
     subprocess.run(["cp", "-al", str(ort_bundle), str(broken)], check=True)
     listed = [line.split("\t")[0] for line in (broken / FILES_NAME).read_text().splitlines()]
     victim = next(p for p in listed if os.path.basename(p).startswith("libzmq"))  # dlopened by zmq's extension
-    (broken / "rootfs" / victim.lstrip("/")).unlink()
+    (broken / "rootfs" / store_path(victim).lstrip("/")).unlink()
     assert verify_bundle(broken) == [f"missing: {victim}"]
     prepare_socket_dir(bundle_meta(broken))
     c = start_container(broken, tmp_path / "run", prefix="edge-broken")
