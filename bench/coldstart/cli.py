@@ -136,12 +136,21 @@ class Bench:
 
     # ------------------------------------------------------------ one process of each kind
 
-    def _start(self, i: int, trace: Path | None = None) -> L.RunResult:
+    def _start(self, i: int) -> L.RunResult:
         wd = self.workroot / f"runtime-{i}"
         if self.args.bundle:
             return L.run_bundle(self.args.bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
         return L.run_runtime(self.package, self.args.engine, wd, self.args.text, self.reference,
-                             timeout_s=self.args.timeout_s, extra_args=self.args.runtime_arg, trace_out=trace)
+                             timeout_s=self.args.timeout_s, extra_args=self.args.runtime_arg)
+
+    def _traced_files(self) -> list[str]:
+        """Every file a boot to READY opens or maps: the bundle builder's recorder, reused."""
+        from image.bundle.trace import trace_boot
+
+        trace = trace_boot(sys.executable, ["--package", str(self.package), "--engine", self.args.engine,
+                                            *self.args.runtime_arg], self.workroot / "trace",
+                           env=dict(os.environ), use_strace="off")
+        return sorted(trace.all_paths())
 
     def _baseline(self, i: int, list_files: bool = False) -> L.RunResult:
         return L.run_baseline(self.model_dir, self.args.text, self.reference, self.workroot / f"baseline-{i}",
@@ -169,19 +178,20 @@ class Bench:
         _say(self.args, "burn-in: reference embedding from sentence-transformers (untimed)...")
         base = self._baseline(0, list_files=cold)
         self.reference = L.decode_f32le(__import__("base64").b64decode(base.embedding_b64))
-        _say(self.args, f"burn-in: {self.mode} start (untimed{', traced for the eviction list' if cold and not self.args.bundle else ''})...")
-        trace = self.workroot / "trace.json" if cold and not self.args.bundle else None
-        rt = self._start(0, trace)
+        _say(self.args, f"burn-in: {self.mode} start (untimed)...")
+        rt = self._start(0)
         self.lineage = rt.reply
         probe = self._probe(0, list_files=cold) if self.probe else None
         if cold:
-            self._build_evict_set(rt, trace, base, probe)
+            if not self.args.bundle:
+                _say(self.args, "burn-in: traced boot for the eviction list (untimed)...")
+            self._build_evict_set(rt, base, probe)
 
-    def _build_evict_set(self, rt: L.RunResult, trace: Path | None, base: L.RunResult, probe) -> None:
+    def _build_evict_set(self, rt: L.RunResult, base: L.RunResult, probe) -> None:
         s = self.evict_set
         runtime_files: list[str] = list(rt.mapped_files)
-        if trace and trace.exists():
-            runtime_files += json.loads(trace.read_text()).get("files", [])
+        if not self.args.bundle:
+            runtime_files += self._traced_files()
         if self.args.bundle:
             s.add_tree("bundle", self.args.bundle)
             for src in _bundle_mount_sources(self.args.bundle):

