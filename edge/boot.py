@@ -1,15 +1,16 @@
 """``edge serve``: boot the runtime to READY, then serve until SIGTERM.
 
-Stages, in order (independent ones overlap, see ``boot``)::
+Stages, on threads that share the machine's cores::
 
-    interpreter ─ import_manifest ─ open_package ─┬─ import_runtime ─ import_engine ─┬─ map_weights ─ prewarm_device
-                                                  └─ verify_package (thread) ───────┘
-        ─ preallocate ─┬─ warm_buckets ─────────┬─ bind ─ start_server ─ READY
-                       └─ import_server (thread)┘
-    load_tokenizer (thread) runs from the end of import_runtime, joined before warm-up.
+    main:    interpreter ─ import_manifest ─ open_package ─┬─ import_runtime ─ verify_tokenizer ─ load_tokenizer ─ import_server ─┬─ bind ─ start_server ─ READY
+    engine:                                                ├─ verify_package ─┬─ map_weights ─ prewarm_device ─ warm_buckets ─ preallocate ─┘
+    engine:                                                └─ import_engine ──┘
 
-``verify_package`` hashes the files the engine will map before any parser
-reads them, on the other core while the main thread imports.
+The main thread's work is importing Python modules, which holds the GIL. The
+engine threads' is hashing, ONNX Runtime's C calls and torch's kernels, which
+release it; so the two overlap instead of queueing (``_EngineBoot``).
+``verify_package`` hashes the files the engine maps before any parser reads
+them; the tokenizer file is hashed the same way before it is opened.
 
 Each stage's start and end (ms since exec) go into the timeline, which is
 logged as one JSON line, written to a file and returned by ``stats``. A stage
@@ -29,7 +30,6 @@ import importlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -44,8 +44,6 @@ __all__ = ["main", "boot", "default_package_dir", "ensure_default_package"]
 ENGINES = ("onnxruntime", "torchscript")
 DEFAULT_ENGINE = "onnxruntime"
 DEFAULT_PACKAGE_NAME = "all-MiniLM-L6-v2"
-# Warm-up input: ordinary prose, long enough to fill the largest bucket.
-WARM_TEXT = "The device warms every bucket with ordinary text before it reports ready. " * 40
 DEFAULT_DRAIN_TIMEOUT_S = 10.0  # SIGTERM to exit; systemd's TimeoutStopSec must exceed it
 
 
@@ -67,6 +65,8 @@ def ensure_default_package(path: Path) -> Path:
     """
     if (path / "manifest.json").exists():
         return path
+    import subprocess  # only here: a device never builds
+
     log("package.build", out=str(path), reason="default package not built yet")
     cmd = [sys.executable, "-m", "image.package", "build", "--out", str(path)]
     result = subprocess.run(cmd, stdout=sys.stderr)
@@ -93,41 +93,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class _Background(threading.Thread):
-    """A stage run beside the main sequence; re-raises its error on join."""
-
-    def __init__(self, timeline: Timeline, name: str, fn, *args) -> None:
-        super().__init__(name=f"boot-{name}", daemon=True)
-        self._timeline, self._stage, self._fn, self._args = timeline, name, fn, args
-        self.result = None
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            with self._timeline.stage(self._stage, overlapped=True):
-                self.result = self._fn(*self._args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
-            self.error = exc
-
-    def result_or_raise(self):
-        self.join()
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _stage_error(stage: str, exc: BaseException, setting: str) -> BootError:
-    # The boot stage's name wins over a library's own label: the timeline, the
-    # log and systemd's status must all name the same stage.
-    if isinstance(exc, BootError):
-        exc.stage = stage
-        exc.setting = setting if not exc.setting or exc.setting in setting else f"{setting}; {exc.setting}"
-        return exc
-    code = exc.code if isinstance(exc, EdgeError) else ErrorCode.BOOT_STAGE_FAILED
-    return BootError(f"{type(exc).__name__}: {exc}", code, stage=stage, setting=setting)
-
-
 class _Stages:
     """Runs each stage inside the timeline and turns failures into BootError."""
 
@@ -143,11 +108,64 @@ class _Stages:
                 raise
             raise _stage_error(name, exc, setting) from exc
 
-    def join(self, name: str, setting: str, task: _Background):
+
+def _stage_error(stage: str, exc: BaseException, setting: str) -> BootError:
+    # The boot stage's name wins over a library's own label: the timeline, the
+    # log and systemd's status must all name the same stage.
+    if isinstance(exc, BootError):
+        exc.stage = stage
+        exc.setting = setting if not exc.setting or exc.setting in setting else f"{setting}; {exc.setting}"
+        return exc
+    code = exc.code if isinstance(exc, EdgeError) else ErrorCode.BOOT_STAGE_FAILED
+    return BootError(f"{type(exc).__name__}: {exc}", code, stage=stage, setting=setting)
+
+
+class _Task(threading.Thread):
+    """``fn()`` on its own thread; ``result()`` joins and re-raises its error."""
+
+    def __init__(self, name: str, fn) -> None:
+        super().__init__(name=f"boot-{name}", daemon=True)
+        self._fn = fn
+        self.value = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
         try:
-            return task.result_or_raise()
-        except BaseException as exc:
-            raise _stage_error(name, exc, setting) from exc
+            self.value = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Handoff:
+    """One value passed from one boot thread to another, or word that it never will be."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value = None
+
+    def put(self, value) -> None:
+        self._value = value
+        self._done.set()
+
+    def cancel(self) -> None:
+        self._done.set()
+
+    def get(self):
+        self._done.wait()
+        if self._value is None:
+            raise _Cancelled()
+        return self._value
+
+
+class _Cancelled(Exception):
+    """The main thread failed first; its error is the one reported."""
 
 
 def _device_kind(engine: str, device: str, backend) -> str:
@@ -157,6 +175,98 @@ def _device_kind(engine: str, device: str, backend) -> str:
     if engine == "onnxruntime":
         return "cuda" if "CUDAExecutionProvider" in backend.available_providers() else "cpu"
     return "cuda" if backend.cuda.is_available() else "cpu"
+
+
+_VERIFY_SETTING = "--package DIR (rebuild or re-copy it) or --verify size"
+
+
+class _EngineBoot:
+    """The engine's chain of stages, on threads beside the main thread's imports::
+
+        ┬─ verify_package ─┬─ map_weights ─ prewarm_device ─ warm_buckets ─ preallocate
+        └─ import_engine ──┘
+
+    Everything heavy here runs without the GIL: hashlib over a mapping, ONNX
+    Runtime's C calls through ctypes (library set-up, session creation, the
+    warm-up batches), torch's kernels. The main thread's imports (numpy, the
+    tokenizer, zmq) hold the GIL, so the chains share the cores instead of
+    queueing on one. Loading the library parses no package file, so it runs
+    beside the hashing; the session is created only once the hashes match.
+
+    The warm-up waits for neither numpy nor the tokenizer, both still loading on
+    the main thread: ONNX Runtime warms on its own native inputs, and the input
+    comes tokenized in the package (``serving.warm_sample_ids``). For an older
+    package without it, the main thread hands the tokenizer over.
+    """
+
+    def __init__(self, stages: _Stages, args: argparse.Namespace, pkg, tokenizer: _Handoff) -> None:
+        self._stages, self._args, self._pkg, self._tokenizer = stages, args, pkg, tokenizer
+        self.engine = self.buffers = None
+        self._task = _Task("engine", self._chain)
+
+    def _chain(self) -> None:
+        run, args, pkg = self._stages.run, self._args, self._pkg
+        # Hash the engine's files before any parser sees them: a corrupt file must
+        # be refused by name, not crash a native library. The device kind is a
+        # guess until the library is loaded: "auto" starts with the CPU files and
+        # adds the GPU ones if needed.
+        guess = "cuda" if args.device.startswith("cuda") else "cpu"
+        verified = set(pkg.engine_files(args.engine, guess))
+        verify = None
+        if args.verify == "full":
+            verify = _Task("verify", lambda: run("verify_package", _VERIFY_SETTING, pkg.verify_files,
+                                                 sorted(verified), overlapped=True))
+        try:
+            from edge.engines import import_engine, load_engine
+
+            backend = run("import_engine", "--engine", import_engine, args.engine, engine=args.engine,
+                          overlapped=True)
+        finally:
+            if verify is not None:
+                verify.result()  # a bad file is the error to report, even if the library failed too
+        extra = sorted(set(pkg.engine_files(args.engine, _device_kind(args.engine, args.device, backend))) - verified)
+        if extra and args.verify == "full":
+            run("verify_package_gpu", _VERIFY_SETTING, pkg.verify_files, extra, overlapped=True)
+        engine = run("map_weights", "--engine / --device", load_engine, pkg, args.engine, args.device, overlapped=True)
+        self.engine = engine
+        from edge import warmup
+
+        serving = pkg.manifest.serving_dict()
+        run("prewarm_device", "--device / --cuda-reserve-mb", warmup.prewarm_device, engine, args.cuda_reserve_mb,
+            overlapped=True)
+        plan = warmup.warm_plan(serving, engine)
+        sample = serving.get("warm_sample_ids")
+        if sample is None:  # a package from before the builder stored them
+            sample = self._tokenizer.get().encode(warmup.WARM_TEXT, max_length=max(serving["buckets"])).ids
+
+        def preallocate():
+            # Padding is the engine loop's, per batch; the buffers start zeroed.
+            return run("preallocate", "serving.max_batch_size in the package", warmup.preallocate, serving, engine,
+                       overlapped=True)
+
+        # ONNX Runtime warms on its own native inputs (no numpy, which the main thread may
+        # still be importing); the buffers come after. Other engines warm through them.
+        native = hasattr(engine, "warm_run")
+        buffers = None if native else preallocate()
+        run("warm_buckets", "serving.warm in the package", warmup.warm_buckets, engine, plan, sample, buffers,
+            shapes=len(plan.shapes), repeats=plan.repeats, overlapped=True)
+        self.buffers = preallocate() if native else buffers
+
+    def result(self):
+        """(engine, buffers) once every stage is done; re-raises the chain's BootError."""
+        self._task.result()
+        return self.engine, self.buffers
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        """After a main-thread failure: let the chain leave its native call before we exit.
+
+        It stops at the tokenizer handoff (cancelled by the caller) or at its end;
+        exiting while it is inside ONNX Runtime or torch could crash the
+        interpreter's teardown and hide the error we report.
+        """
+        self._task.join(timeout_s)
+        if self.engine is not None and not self._task.is_alive():
+            self.engine.close()
 
 
 def boot(args: argparse.Namespace, timeline: Timeline):
@@ -171,45 +281,25 @@ def boot(args: argparse.Namespace, timeline: Timeline):
         package_dir = stages.run("build_package", "--package DIR", ensure_default_package, default_package_dir())
     pkg = stages.run("open_package", "--package DIR", open_package, package_dir, "size")
     manifest = pkg.manifest
-    tokenizer_file = manifest.tokenizer
-    # Hash the files before any parser sees them (a corrupt file must be refused
-    # by name, not crash a native library). hashlib releases the GIL, so this
-    # runs on the other core while the main thread imports numpy, zmq and the
-    # engine library. The device kind is a guess until the library is loaded:
-    # "auto" starts with the CPU files and adds the GPU ones if needed.
-    guess = "cuda" if args.device.startswith("cuda") else "cpu"
-    to_verify = {tokenizer_file, *pkg.engine_files(args.engine, guess)}
-    verify = None
-    if args.verify == "full":
-        verify = _Background(timeline, "verify_package", pkg.verify_files, sorted(to_verify))
-    with timeline.stage("import_runtime"):
-        from edge import warmup
-        from edge.engines import import_engine, load_engine
-        from edge.preload.tokenizer import Tokenizer
-    tokenizer_task = _Background(timeline, "load_tokenizer", Tokenizer.open, pkg.path(tokenizer_file))
-
-    backend = stages.run("import_engine", "--engine", import_engine, args.engine, engine=args.engine)
-    kind = _device_kind(args.engine, args.device, backend)
-    if verify is not None:
-        stages.join("verify_package", "--package DIR (rebuild or re-copy it) or --verify size", verify)
-        extra = sorted(set(pkg.engine_files(args.engine, kind)) - to_verify)
-        if extra:
-            stages.run("verify_package_gpu", "--package DIR (rebuild or re-copy it)", pkg.verify_files, extra)
-    engine = stages.run("map_weights", "--engine / --device", load_engine, pkg, args.engine, args.device)
-    tokenizer = stages.join("load_tokenizer", "--package DIR (its tokenizer file)", tokenizer_task)
+    tokenizer_handoff = _Handoff()
+    engine_boot = _EngineBoot(stages, args, pkg, tokenizer_handoff)
+    try:
+        with timeline.stage("import_runtime"):
+            from edge.preload.tokenizer import Tokenizer
+        tokenizer_path = pkg.path(manifest.tokenizer)
+        if args.verify == "full":
+            stages.run("verify_tokenizer", _VERIFY_SETTING, pkg.verify_files, [manifest.tokenizer])
+        tokenizer = stages.run("load_tokenizer", "--package DIR (its tokenizer file)", Tokenizer.open, tokenizer_path)
+        tokenizer_handoff.put(tokenizer)
+        # zmq, msgpack and the protocol load while the engine thread warms up.
+        server_mod = stages.run("import_server", "reinstall edge (pyzmq, msgpack)", importlib.import_module,
+                                "edge.ipc.server")
+    except BaseException:
+        tokenizer_handoff.cancel()
+        engine_boot.settle()
+        raise
+    engine, buffers = engine_boot.result()
     serving = manifest.serving_dict()
-    stages.run("prewarm_device", "--device / --cuda-reserve-mb", warmup.prewarm_device, engine, args.cuda_reserve_mb)
-    buffers = stages.run("preallocate", "serving.max_batch_size in the package", warmup.preallocate, serving, engine, tokenizer.pad_id)
-    plan = warmup.warm_plan(serving, engine)
-    # The server's modules (zmq, msgpack, the protocol) load while the engine
-    # computes the warm-up batches: ctypes and torch release the GIL there.
-    server_import = _Background(timeline, "import_server", importlib.import_module, "edge.ipc.server")
-    stages.run(
-        "warm_buckets", "serving.warm in the package", warmup.warm_buckets, engine, buffers, plan,
-        tokenizer.encode(WARM_TEXT, max_length=max(serving["buckets"])).ids,
-        shapes=len(plan.shapes), repeats=plan.repeats,
-    )
-    server_mod = stages.join("import_server", "reinstall edge (pyzmq, msgpack)", server_import)
     lineage = {
         "model": manifest.name,
         "model_sha256": manifest.model_sha256,

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-__all__ = ["log"]
+__all__ = ["log", "log_exception"]
 
 
 def log(event: str, **fields) -> None:
@@ -17,3 +17,10 @@ def log(event: str, **fields) -> None:
         sys.stdout.flush()
     except (OSError, ValueError):
         pass  # a closed stdout must not take the runtime down
+
+
+def log_exception(event: str, **fields) -> None:
+    """:func:`log` from inside an ``except`` block, with the traceback as a field."""
+    import traceback  # only on the error path: not an import every boot pays
+
+    log(event, **fields, error=traceback.format_exc(limit=20))

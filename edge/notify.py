@@ -8,7 +8,6 @@ No dependency on libsystemd: the device image does not ship it.
 from __future__ import annotations
 
 import os
-import socket
 
 __all__ = ["notify", "notify_socket_path"]
 
@@ -32,6 +31,8 @@ def notify(*fields: str) -> bool:
     path = notify_socket_path()
     if path is None:
         return False
+    import socket  # here, not at module level: only the READY and STOPPING messages need it
+
     message = "\n".join(fields).encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:

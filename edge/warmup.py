@@ -1,6 +1,6 @@
 """Warm-up: make the first real request as fast as the thousandth.
 
-Three stages, run by boot in this order:
+Three stages, run by boot (``edge/boot.py`` orders them per engine):
 
 * ``prewarm_device``: on CUDA create the context, and reserve
   device memory in torch's caching allocator (bounded by a setting) so serving
@@ -10,7 +10,9 @@ Three stages, run by boot in this order:
   (max_batch_size, bucket), that the engine loop pads batches into. Pinned
   host memory when the engine runs on CUDA, so host-to-device copies are async.
 * ``warm_buckets``: run every (batch size, bucket) shape the package lists,
-  largest first so the allocator's first blocks fit every later shape.
+  largest first so the allocator's first blocks fit every later shape. An engine
+  with ``warm_run`` (ONNX Runtime) warms through its own native buffers, without
+  numpy: boot warms it while the main thread is still importing numpy.
 
 Shapes and repeat counts come from the package's ``serving`` settings, per
 device kind (``warm.cpu`` / ``warm.cuda``). On a CPU kernels need no loading,
@@ -20,9 +22,17 @@ and sizes the arena without paying seconds of compute at boot.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-__all__ = ["WarmPlan", "warm_plan", "prewarm_device", "preallocate", "warm_buckets"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["WARM_TEXT", "WarmPlan", "warm_plan", "prewarm_device", "preallocate", "warm_buckets"]
+
+# The warm-up's input: ordinary prose, long enough to fill the largest bucket. The
+# package builder stores its ids (``serving.warm_sample_ids``), so boot need not wait
+# for the tokenizer; older packages have boot tokenize it.
+WARM_TEXT = "The device warms every bucket with ordinary text before it reports ready. " * 40
 
 # Per device kind: which batch sizes to warm per bucket and how often.
 # TorchScript's profiling executor specialises after 2-3 calls (LAB.md), so
@@ -95,6 +105,8 @@ def prewarm_device(engine, reserve_mb: int = DEFAULT_CUDA_RESERVE_MB) -> dict:
 
 
 def _host_buffer(shape: tuple[int, int], pinned: bool) -> np.ndarray:
+    import numpy as np  # not at module level: the ONNX Runtime warm-up runs without it
+
     if pinned:
         import torch
 
@@ -115,25 +127,43 @@ def preallocate(serving: dict, engine, pad_id: int = 0) -> dict[int, tuple[np.nd
     return buffers
 
 
-def warm_buckets(engine, buffers: dict, plan: WarmPlan, sample_ids: list[int]) -> dict:
+def warm_buckets(engine, plan: WarmPlan, sample_ids: list[int], buffers: dict | None = None) -> dict:
     """Run every planned shape ``plan.repeats`` times.
 
     Rows hold ``sample_ids`` (a real text's ids, specials included) so the
-    engine sees the value ranges of serving, whatever the tokenizer.
+    engine sees the value ranges of serving, whatever the tokenizer. An engine
+    with ``warm_run(batch, tokens, ids)`` runs on its own native inputs;
+    otherwise numpy batches are run, through views of the preallocated
+    ``buffers`` when given (pinned host memory on CUDA).
     """
     runs = 0
+    native = getattr(engine, "warm_run", None)
     for batch, tokens in plan.shapes:
-        ids, mask = buffers[tokens]
-        if batch > ids.shape[0]:
+        if buffers is not None and batch > buffers[tokens][0].shape[0]:
             continue
-        row = np.asarray(sample_ids[:tokens], dtype=np.int64)
-        view_ids, view_mask = ids[:batch], mask[:batch]  # (B, T)
-        view_ids[:, : len(row)] = row
-        view_mask[:, : len(row)] = 1
+        row = list(sample_ids[:tokens])
         for _ in range(plan.repeats):
-            out = engine.run(view_ids, view_mask)  # (B, D)
-            if out.shape[0] != batch or not np.isfinite(out).all():
-                raise RuntimeError(f"warm-up of shape {batch}x{tokens} gave bad output {out.shape}")
+            ok = native(batch, tokens, row) if native is not None else _warm_numpy(engine, buffers, batch, tokens, row)
+            if not ok:
+                raise RuntimeError(f"warm-up of shape {batch}x{tokens} gave bad output")
             runs += 1
-        view_mask[:] = 0
-    return {"shapes": len(plan.shapes), "runs": runs, "repeats": plan.repeats}
+    return {"shapes": len(plan.shapes), "runs": runs, "repeats": plan.repeats,
+            "inputs": "native" if native is not None else ("buffers" if buffers is not None else "numpy")}
+
+
+def _warm_numpy(engine, buffers: dict | None, batch: int, tokens: int, row: list[int]) -> bool:
+    """One numpy batch of ``row`` (left-aligned, the rest padding); True when the output is sound."""
+    import numpy as np
+
+    if buffers is not None:
+        ids, mask = buffers[tokens]
+        view_ids, view_mask = ids[:batch], mask[:batch]  # (B, T)
+    else:
+        view_ids, view_mask = np.zeros((batch, tokens), np.int64), np.zeros((batch, tokens), np.int64)
+    view_ids[:, : len(row)] = row
+    view_mask[:, : len(row)] = 1
+    try:
+        out = engine.run(view_ids, view_mask)  # (B, D)
+        return out.shape[0] == batch and bool(np.isfinite(out).all())
+    finally:
+        view_mask[:] = 0  # stale rows must never look like real tokens

@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from edge.launch import boot_argv, boot_pythonpath_of
 from image.bundle import cdi, oci_config, seccomp
 from image.bundle.progress import Progress, human_bytes
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
@@ -70,6 +71,8 @@ def _container_env(python: str, threads: int | None, device: str, jemalloc: str 
         "OPENBLAS_NUM_THREADS": "1",  # numpy does no heavy math here; no idle BLAS pool
         "MKL_NUM_THREADS": "1",
         "EDGE_DEVICE": device,
+        # The runtime starts with ``python -S`` (edge/launch.py): the module path site would build.
+        "PYTHONPATH": os.pathsep.join(boot_pythonpath_of(python)),
     }
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op pool; ORT sizes its own per core
@@ -151,7 +154,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         rootfs.compile_bytecode(python, sorted({trace.prefix, trace.base_prefix, *(
             os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}))
         config = oci_config.runtime_config(
-            args=[trace.executable, "-m", "edge.boot", *boot_args, "--package", PACKAGE_PATH,
+            args=[*boot_argv(trace.executable), *boot_args, "--package", PACKAGE_PATH,
                   "--bind", tcp or f"ipc://{oci_config.CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"],
             env=env, uid=user[0], gid=user[1], socket_dir_host=socket_dir, arch=arch,
             share_host_network=bool(tcp), tmp_roots=under_tmp)

@@ -200,6 +200,18 @@ class _Progress:
         sys.stderr.flush()
 
 
+def _warm_sample_ids(tokenizer_file: Path, max_tokens: int) -> list[int]:
+    """The warm-up text's ids from the package's own tokenizer, as the device would encode it."""
+    from edge.preload.tokenizer import Tokenizer
+    from edge.warmup import WARM_TEXT
+
+    tokenizer = Tokenizer.open(tokenizer_file)
+    try:
+        return [int(i) for i in tokenizer.encode(WARM_TEXT, max_length=max_tokens).ids]
+    finally:
+        tokenizer.close()
+
+
 def build_package(
     out: str | os.PathLike,
     *,
@@ -255,8 +267,10 @@ def build_package(
         nondeterministic = dict(NONDETERMINISTIC)
         if not _convert_ort(stage / "model.onnx", stage / "model.ort", ort_target_platform):
             nondeterministic["model.ort"] = ORT_ASLR_REASON
+        serving = Serving(**{k: getattr(serving or Serving(), k) for k in Serving.__slots__})  # a copy
         if fb is not None:
             (stage / TOKENIZER_FILE).write_bytes(fb)
+            serving.warm_sample_ids = _warm_sample_ids(stage / TOKENIZER_FILE, max(serving.buckets))
         progress.step("hashing files and writing the manifest")
         files = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size}
                  for p in sorted(stage.iterdir()) if p.is_file()}
@@ -285,7 +299,7 @@ def build_package(
                                 "opset": OPSET, "ort_optimization": "Fixed/all",
                                 "ort_target_platform": ort_target_platform},
             },
-            "serving": (serving or Serving()).model_dump(),
+            "serving": serving.model_dump(),
             "source": {
                 "model": SOURCE_MODEL,
                 "distribution": f"{SOURCE_DISTRIBUTION}=={_versions().get(SOURCE_DISTRIBUTION, '?')}",

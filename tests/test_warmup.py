@@ -59,8 +59,8 @@ def test_warm_buckets_runs_views_of_the_preallocated_buffers():
     serving = {**SERVING, "warm": {"cpu": {"batch_sizes": [1, 2], "repeats": 2}}}
     buffers = warmup.preallocate(serving, engine)
     plan = warmup.warm_plan(serving, engine)
-    info = warmup.warm_buckets(engine, buffers, plan, list(range(1, 300)))
-    assert info["runs"] == len(engine.calls) == 2 * len(plan.shapes)
+    info = warmup.warm_buckets(engine, plan, list(range(1, 300)), buffers)
+    assert info["runs"] == len(engine.calls) == 2 * len(plan.shapes) and info["inputs"] == "buffers"
     assert all(is_view for _, _, is_view in engine.calls)
     assert engine.calls[0][0] == (2, 256) and engine.calls[0][1] == 512
     # masks are cleared afterwards, so stale rows never look like real tokens
@@ -75,4 +75,36 @@ def test_warm_buckets_rejects_bad_engine_output():
     engine = Broken()
     buffers = warmup.preallocate(SERVING, engine)
     with pytest.raises(RuntimeError, match="warm-up of shape"):
-        warmup.warm_buckets(engine, buffers, warmup.warm_plan(SERVING, engine), [1, 2, 3])
+        warmup.warm_buckets(engine, warmup.warm_plan(SERVING, engine), [1, 2, 3], buffers)
+
+
+def test_warm_buckets_without_buffers_runs_fresh_padded_batches():
+    engine = RecordingEngine("cpu")
+    plan = warmup.warm_plan(SERVING, engine)
+    info = warmup.warm_buckets(engine, plan, [101, 7, 8, 102])
+    assert info["inputs"] == "numpy" and info["runs"] == len(plan.shapes)
+    # 4 real tokens per row whatever the bucket; fresh arrays, not views
+    assert all(mask_sum == 4 and not is_view for _, mask_sum, is_view in engine.calls)
+
+
+def test_warm_buckets_prefers_the_engines_native_inputs():
+    class Native(RecordingEngine):
+        def warm_run(self, batch, tokens, ids):
+            self.calls.append(("native", batch, tokens, len(ids)))
+            return True
+
+    engine = Native()
+    plan = warmup.warm_plan(SERVING, engine)
+    info = warmup.warm_buckets(engine, plan, list(range(1, 300)))
+    assert info["inputs"] == "native"
+    assert engine.calls == [("native", b, t, t) for b, t in plan.shapes]
+
+
+def test_warm_buckets_rejects_bad_native_output():
+    class BadNative(RecordingEngine):
+        def warm_run(self, batch, tokens, ids):
+            return False
+
+    engine = BadNative()
+    with pytest.raises(RuntimeError, match="warm-up of shape 1x256"):
+        warmup.warm_buckets(engine, warmup.warm_plan(SERVING, engine), [1, 2, 3])

@@ -29,6 +29,8 @@ from pathlib import Path
 import msgpack
 import zmq
 
+from edge.launch import boot_argv, boot_env
+
 __all__ = ["MIN_COSINE", "RunFailed", "RunResult", "cosine", "decode_f32le", "run_runtime", "run_bundle",
            "run_baseline", "run_import_probe", "BASELINE_SCRIPT"]
 
@@ -202,11 +204,11 @@ def run_runtime(package: Path, engine: str, workdir: Path, text: str, reference,
     log = workdir / "runtime.log"
     args = ["--package", str(package), "--engine", engine, "--bind", address,
             "--timeline", str(workdir / "timeline.json"), *extra_args]
-    cmd = [sys.executable, "-m", "edge.boot", *args]
+    cmd = [*boot_argv(), *args]  # as the bundle starts it: python -S, explicit PYTHONPATH
     with open(log, "wb") as out:
         t0 = now_ns()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                                env=_clean_env({"EDGE_EXEC_BOOTTIME_NS": str(t0)}))
+                                env=boot_env(_clean_env({"EDGE_EXEC_BOOTTIME_NS": str(t0)})))
     client = _Client(address)
     try:
         end, body, cos = _embed_and_check(client, proc, text, reference, t0 + int(timeout_s * 1e9), log)

@@ -8,7 +8,9 @@ One narrow interface (:class:`Engine`) and two implementations, chosen by name:
   C API (``edge/engines/ort.py``).
 
 ``torch`` and ``onnxruntime`` are imported inside :func:`load_engine`, never when this
-package is imported, so a process pays only for the engine it uses.
+package is imported, so a process pays only for the engine it uses. numpy is not imported
+here or by the ONNX Runtime engine until it runs a batch: boot loads the library and creates
+the session on one core while the other is still importing numpy.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import numpy as np
-
 from edge.errors import EngineError, ErrorCode
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edge.preload.manifest import ModelPackage
 
 __all__ = ["Engine", "ENGINE_NAMES", "import_engine", "load_engine", "check_batch"]
@@ -45,6 +47,8 @@ class Engine(Protocol):
 
 def check_batch(input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both as C-contiguous int64 (B, T) arrays of the same shape (no copy when they already are)."""
+    import numpy as np
+
     ids = np.ascontiguousarray(input_ids, dtype=np.int64)
     mask = np.ascontiguousarray(attention_mask, dtype=np.int64)
     if ids.ndim != 2 or ids.shape != mask.shape or ids.shape[0] == 0 or ids.shape[1] == 0:

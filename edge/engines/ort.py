@@ -16,10 +16,10 @@ its weights are uploaded to the device, so the host mapping only feeds the uploa
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_void_p
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from edge.engines import check_batch
 from edge.engines.ort_capi import (
@@ -34,7 +34,10 @@ from edge.engines.ort_capi import (
     load_library,
 )
 from edge.errors import EngineError, ErrorCode
-from edge.preload.weights import MappedFile, map_file
+from edge.preload.mapping import MappedFile, map_file
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["OrtEngine"]
 
@@ -193,30 +196,53 @@ class OrtEngine:
 
     # -- serving ------------------------------------------------------------------------------
 
-    def _tensor(self, arr: np.ndarray, elem: int) -> c_void_p:
-        shape = (c_int64 * arr.ndim)(*arr.shape)
+    def _tensor(self, address: int, nbytes: int, shape: tuple[int, ...], elem: int) -> c_void_p:
+        dims = (c_int64 * len(shape))(*shape)
         value = c_void_p()
-        self.lib.call("CreateTensorWithDataAsOrtValue", self._meminfo, c_void_p(arr.ctypes.data),
-                      c_size_t(arr.nbytes), shape, c_size_t(arr.ndim), elem, byref(value))
+        self.lib.call("CreateTensorWithDataAsOrtValue", self._meminfo, c_void_p(address), c_size_t(nbytes), dims,
+                      c_size_t(len(shape)), elem, byref(value))
         return value
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def _run(self, ids_address: int, mask_address: int, out_address: int, batch: int, tokens: int) -> None:
+        """One batch: (batch, tokens) int64 ids and mask in, (batch, dim) float32 written to ``out_address``."""
         if not self._session:
             raise RuntimeError("engine is closed")
-        ids, mask = check_batch(input_ids, attention_mask)
-        out = np.empty((ids.shape[0], self._dim), dtype=np.float32)  # ORT writes here directly
+        n_in = batch * tokens * 8
         values = (c_void_p * 2)()
         result = (c_void_p * 1)()
         try:
-            values[0] = self._tensor(ids, TENSOR_INT64)
-            values[1] = self._tensor(mask, TENSOR_INT64)
-            result[0] = self._tensor(out, TENSOR_FLOAT)
+            values[0] = self._tensor(ids_address, n_in, (batch, tokens), TENSOR_INT64)
+            values[1] = self._tensor(mask_address, n_in, (batch, tokens), TENSOR_INT64)
+            result[0] = self._tensor(out_address, batch * self._dim * 4, (batch, self._dim), TENSOR_FLOAT)
             self.lib.call("Run", self._session, None, self._in_names, ctypes.cast(values, POINTER(c_void_p)),
                           c_size_t(2), self._out_names, c_size_t(1), ctypes.cast(result, POINTER(c_void_p)))
         finally:
             for v in (*values, *result):
                 self.lib.release("ReleaseValue", v)
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        import numpy as np  # not at module level: see edge/engines/__init__.py
+
+        ids, mask = check_batch(input_ids, attention_mask)
+        out = np.empty((ids.shape[0], self._dim), dtype=np.float32)  # ORT writes here directly
+        self._run(ids.ctypes.data, mask.ctypes.data, out.ctypes.data, ids.shape[0], ids.shape[1])
         return out
+
+    def warm_run(self, batch: int, tokens: int, ids: list[int]) -> bool:
+        """Run one (batch, tokens) batch of ``ids`` (left-aligned, zero padding) without numpy.
+
+        Boot warms the session with this while its main thread is still importing numpy.
+        True when every output value is finite.
+        """
+        row = list(ids[:tokens])
+        flat_ids = (c_int64 * (batch * tokens))()
+        flat_mask = (c_int64 * (batch * tokens))()
+        for r in range(batch):
+            flat_ids[r * tokens : r * tokens + len(row)] = row
+            flat_mask[r * tokens : r * tokens + len(row)] = [1] * len(row)
+        out = (ctypes.c_float * (batch * self._dim))()
+        self._run(ctypes.addressof(flat_ids), ctypes.addressof(flat_mask), ctypes.addressof(out), batch, tokens)
+        return all(math.isfinite(v) for v in out)
 
     def close(self) -> None:
         lib = getattr(self, "lib", None)

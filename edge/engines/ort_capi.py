@@ -144,6 +144,18 @@ _SIGNATURES: dict[str, tuple] = {
     "ReleaseTensorRTProviderOptions": (None, [c_void_p]),
 }
 
+# Calls that may take long: ctypes releases the GIL around these (CFUNCTYPE), so the
+# other threads run meanwhile. Every other call takes microseconds and keeps the GIL
+# (PYFUNCTYPE): giving it up would cost a re-acquisition, and while another thread is
+# busy in Python that waits up to the interpreter's switch interval (5 ms). Measured
+# at boot: the warm-up's few runs made ~20 such calls each while the main thread was
+# importing, and queued for the GIL on every one.
+_RELEASES_GIL = frozenset({
+    "CreateEnv", "CreateSessionFromArray", "Run", "ReleaseSession", "ReleaseEnv",
+    "SessionOptionsAppendExecutionProvider_CUDA_V2", "SessionOptionsAppendExecutionProvider_TensorRT_V2",
+})
+assert _RELEASES_GIL <= set(_SIGNATURES)
+
 # Enums of onnxruntime_c_api.h
 LOGGING_WARNING, LOGGING_ERROR = 2, 3  # OrtLoggingLevel
 ORT_DISABLE_ALL, ORT_ENABLE_BASIC, ORT_ENABLE_EXTENDED, ORT_ENABLE_ALL = 0, 1, 2, 99
@@ -226,7 +238,8 @@ class OrtLib:
             if not addr:
                 raise EngineError(f"ONNX Runtime {self.version}: C API entry {name} is NULL",
                                   ErrorCode.ENGINE_UNAVAILABLE, stage="load_engine")
-            self._fn[name] = ctypes.CFUNCTYPE(restype, *argtypes)(addr)
+            prototype = ctypes.CFUNCTYPE if name in _RELEASES_GIL else ctypes.PYFUNCTYPE
+            self._fn[name] = prototype(restype, *argtypes)(addr)
         self._self_check()
         # The process-wide OrtEnv (ORT allows one): logging, schema registries, about 7 MiB of
         # anonymous memory whatever the model. Part of loading the library, like an import.

@@ -14,7 +14,6 @@ Outbox items (tuples, first element is the kind):
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -24,12 +23,12 @@ import numpy as np
 import zmq
 
 from edge.errors import ErrorCode
+from edge.log import log, log_exception
 from edge.ipc.stats import Metrics
 from edge.scheduler import BucketScheduler, Part
 
 __all__ = ["EngineLoop", "allocate_buffers"]
 
-log = logging.getLogger("edge.ipc")
 
 
 def allocate_buffers(caps: dict[int, int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -106,7 +105,7 @@ class EngineLoop:
                         self._run_batch(*batch)
                         continue
                 except Exception:  # a bug here must not hang every queued request
-                    log.exception("engine loop iteration failed")
+                    log_exception("engine.loop_failed")
                     self._fail_all("engine loop failure")
                 with self._cond:
                     if self._intake or self._stop:
@@ -186,7 +185,7 @@ class EngineLoop:
         except Exception as exc:
             self.sched.batch_done(self._clock())
             self.metrics.engine_failed()
-            log.error("engine failed on a batch of %d texts in bucket %d: %r", len(parts), bucket, exc)
+            log("engine.batch_failed", texts=len(parts), bucket=bucket, error=repr(exc))
             self._fail([p.job for p in parts], ErrorCode.ENGINE_FAILED, f"engine failed: {type(exc).__name__}: {exc}"[:300])
             self._current = []
             return

@@ -15,9 +15,7 @@ scheduler. Both threads block when idle.
 from __future__ import annotations
 
 import enum
-import logging
 import os
-import secrets
 import threading
 import time
 from typing import Any, Callable
@@ -26,6 +24,7 @@ import numpy as np
 import zmq
 
 from edge.errors import EdgeError, ErrorCode
+from edge.log import log, log_exception
 from edge.ipc import protocol as P
 from edge.ipc.admission import Admission
 from edge.ipc.endpoint import default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
@@ -35,7 +34,6 @@ from edge.scheduler import BucketScheduler, Job
 
 __all__ = ["IpcServer", "Lifecycle", "default_bind_address", "DEFAULT_SERVING"]
 
-log = logging.getLogger("edge.ipc")
 
 # Used for settings the package does not give (docs/architecture.md, "serving").
 DEFAULT_SERVING = {
@@ -277,12 +275,12 @@ class IpcServer:
                     if not self._inflight:
                         break
                     if time.monotonic() >= self._drain_deadline:
-                        log.warning("drain timeout: answering %d requests with SHUTTING_DOWN", len(self._inflight))
+                        log("shutdown.drain_timeout", unfinished=len(self._inflight), answer="SHUTTING_DOWN")
                         for job in list(self._inflight.values()):
                             self._finish(job, ErrorCode.SHUTTING_DOWN, "server stopped before the request finished")
                         break
         except Exception:
-            log.exception("I/O thread failed")
+            log_exception("ipc.io_thread_failed")
         finally:
             self._close()
 
@@ -290,8 +288,8 @@ class IpcServer:
         envelope = [peer.identity, b""] if peer.delim else [peer.identity]
         try:
             self._router.send_multipart(envelope + frames)
-        except zmq.ZMQError as exc:  # peer gone or its queue full: the reply is dropped, never the server
-            log.debug("reply to a peer dropped: %s", exc)
+        except zmq.ZMQError:  # peer gone or its queue full: the reply is dropped, never the server
+            self.metrics.reply_dropped()
 
     def _send_error(self, peer: _Peer, code: ErrorCode, message: str, request_id: Any = None) -> None:
         self.metrics.error(code)
@@ -302,7 +300,7 @@ class IpcServer:
         delim = bool(rest) and len(rest[0]) == 0  # REQ sockets put an empty delimiter first
         if delim:
             rest = rest[1:]
-        peer = _Peer(identity, delim, P.sniff_encoding(rest[0]) if rest else P.MSGPACK, secrets.token_hex(8))
+        peer = _Peer(identity, delim, P.sniff_encoding(rest[0]) if rest else P.MSGPACK, os.urandom(8).hex())
         try:
             mtype, msg = P.parse_request(rest, self.limits)
         except P.ProtocolError as exc:
@@ -315,7 +313,7 @@ class IpcServer:
         except EdgeError as exc:
             self._send_error(peer, exc.code, exc.message, getattr(msg, "request_id", None))
         except Exception as exc:  # never let one message take the server down
-            log.exception("handling a %s message failed", mtype)
+            log_exception("ipc.handler_failed", type=mtype)
             self._send_error(peer, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:300], getattr(msg, "request_id", None))
 
     def _on_infer(self, peer: _Peer, msg: P.InferMsg) -> None:
@@ -399,7 +397,7 @@ class IpcServer:
                     body = {"request_id": peer.request_id, "cancelled": cancelled, "trace_id": peer.trace_id}
                     self._send(peer, P.encode_reply("cancel", body, peer.encoding))
             except Exception:
-                log.exception("sending a %s reply failed", item[0])
+                log_exception("ipc.send_failed", type=item[0])
 
     def _finish(self, job: Job, code: ErrorCode | None = None, message: str = "") -> None:
         """Answer an infer request, once: only the caller that pops it from the table replies."""
@@ -412,7 +410,7 @@ class IpcServer:
             try:
                 frames = self._result_frames(job, peer)
             except Exception as exc:  # e.g. an engine output that cannot be encoded
-                log.exception("encoding a result failed")
+                log_exception("ipc.encode_failed")
                 code, message = ErrorCode.INTERNAL, f"encoding the result failed: {type(exc).__name__}"
         if code is not None:
             return self._send_error(peer, code, message, peer.request_id)

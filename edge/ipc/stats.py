@@ -77,6 +77,7 @@ class Metrics:
         self.batches = 0
         self.batch_sizes: dict[int, int] = {}  # texts per batch -> batches
         self.engine_failures = 0
+        self.replies_dropped = 0  # replies ZeroMQ refused (peer gone, its queue full)
         self.by_bucket = {b: {"batches": 0, "texts": 0, "tokens": 0, "padded_tokens": 0} for b in buckets}
 
     # --------------------------------------------------------- I/O thread
@@ -96,6 +97,10 @@ class Metrics:
                 self.queue_ms.observe(queue_ms)
             if total_ms is not None:
                 self.total_ms.observe(total_ms)
+
+    def reply_dropped(self) -> None:
+        with self._lock:
+            self.replies_dropped += 1
 
     def error(self, code: int) -> None:
         with self._lock:
@@ -137,6 +142,7 @@ class Metrics:
                     if n
                 ],
                 "errors_total": sum(self.errors.values()),
+                "replies_dropped": self.replies_dropped,
                 "latency_ms": {
                     "queue": self.queue_ms.snapshot(),
                     "compute": self.compute_ms.snapshot(),

@@ -15,9 +15,8 @@ import hashlib
 import json
 import mmap
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Literal
 
 from edge.errors import ErrorCode, PackageError
 from edge.preload.schema import Invalid, dict_of, integer, list_of, number, one_of, sha256_hex, string
@@ -43,25 +42,70 @@ TOKENIZER_FILE = "tokenizer.fb"
 DTYPES = ("int64", "int32", "float32", "float16")
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    sha256: str
-    size: int  # bytes
+class _Record:
+    """Fields in ``__slots__``, set by keyword or position; equality and repr by field.
+
+    What ``dataclasses`` would generate, without its import (``inspect``, ``ast``:
+    about 20 ms on the boot's serial start, before the engine thread can begin).
+    ``_defaults`` maps a field to a zero-argument factory.
+    """
+
+    __slots__ = ()
+    _defaults: dict = {}
+
+    def __init__(self, *args, **kwargs) -> None:
+        if len(args) > len(self.__slots__):
+            raise TypeError(f"{type(self).__name__} takes at most {len(self.__slots__)} fields")
+        kwargs.update(zip(self.__slots__, args))
+        unknown = set(kwargs) - set(self.__slots__)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown field(s) {sorted(unknown)}")
+        for name in self.__slots__:
+            if name in kwargs:
+                value = kwargs[name]
+            elif name in self._defaults:
+                value = self._defaults[name]()
+            else:
+                raise TypeError(f"{type(self).__name__}: field {name!r} required")
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, n) for n in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._values() == other._values()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
+
+    __hash__ = None  # mutable records, like a non-frozen dataclass
+
+
+class _FrozenRecord(_Record):
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+
+class FileEntry(_FrozenRecord):
+    __slots__ = ("sha256", "size")  # hex digest; bytes
 
     @classmethod
-    def model_validate(cls, d: Any, where: str) -> "FileEntry":
+    def model_validate(cls, d: object, where: str) -> "FileEntry":
         d = dict_of(d, where, keys={"sha256", "size"})
         return cls(sha256_hex(d.get("sha256"), f"{where}.sha256"), integer(d.get("size"), f"{where}.size", ge=0))
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # one of DTYPES
-    shape: list  # ints, or names of symbolic dims ("batch", "sequence")
+class TensorSpec(_FrozenRecord):
+    # name; dtype: one of DTYPES; shape: ints, or names of symbolic dims ("batch", "sequence")
+    __slots__ = ("name", "dtype", "shape")
 
     @classmethod
-    def model_validate(cls, d: Any, where: str) -> "TensorSpec":
+    def model_validate(cls, d: object, where: str) -> "TensorSpec":
         d = dict_of(d, where, keys={"name", "dtype", "shape"})
         shape = list_of(d.get("shape"), f"{where}.shape")
         for i, dim in enumerate(shape):
@@ -70,28 +114,35 @@ class TensorSpec:
         return cls(string(d.get("name"), f"{where}.name"), one_of(d.get("dtype"), DTYPES, f"{where}.dtype"), shape)
 
 
-def _ascending(v: Any, where: str) -> list[int]:
+def _ascending(v: object, where: str) -> list[int]:
     items = [integer(x, f"{where}.{i}", ge=1) for i, x in enumerate(list_of(v, where))]
     if not items or items != sorted(set(items)):
         raise Invalid(where, "must be non-empty, positive and strictly ascending")
     return items
 
 
-@dataclass
-class Serving:
+class Serving(_Record):
     """Package settings used by warm-up and the scheduler."""
 
-    buckets: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])  # tokens per row, ascending
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # rows warmed per bucket
-    max_batch_size: int = 32  # rows
-    max_batch_tokens: int = 8192  # rows x bucket length
-    max_delay_ms: float = 2.0  # oldest request's wait before a partial batch goes
-    max_queue_requests: int = 1024
-    max_queue_tokens: int = 262144
-    extra: dict = field(default_factory=dict)  # settings newer writers add (e.g. "warm")
+    __slots__ = ("buckets", "batch_sizes", "max_batch_size", "max_batch_tokens", "max_delay_ms",
+                 "max_queue_requests", "max_queue_tokens", "warm_sample_ids", "extra")
+    _defaults = {
+        "buckets": lambda: [16, 32, 64, 128, 256],  # tokens per row, ascending
+        "batch_sizes": lambda: [1, 2, 4, 8, 16, 32],  # rows warmed per bucket
+        "max_batch_size": lambda: 32,  # rows
+        "max_batch_tokens": lambda: 8192,  # rows x bucket length
+        "max_delay_ms": lambda: 2.0,  # oldest request's wait before a partial batch goes
+        "max_queue_requests": lambda: 1024,
+        "max_queue_tokens": lambda: 262144,
+        # The warm-up's input: a text tokenized on the build host by this package's own
+        # tokenizer (edge.warmup.WARM_TEXT). With it, boot warms up without waiting for the
+        # tokenizer to load; None (older packages): boot tokenizes the text itself.
+        "warm_sample_ids": lambda: None,
+        "extra": dict,  # settings newer writers add (e.g. "warm")
+    }
 
     @classmethod
-    def model_validate(cls, d: Any, where: str = "serving") -> "Serving":
+    def model_validate(cls, d: object, where: str = "serving") -> "Serving":
         d = dict(dict_of(d, where))
         known = {}
         for name in ("buckets", "batch_sizes"):
@@ -102,43 +153,64 @@ class Serving:
                 known[name] = integer(d.pop(name), f"{where}.{name}", ge=1)
         if "max_delay_ms" in d:
             known["max_delay_ms"] = number(d.pop("max_delay_ms"), f"{where}.max_delay_ms", ge=0)
+        if d.get("warm_sample_ids") is not None:
+            ids = list_of(d.pop("warm_sample_ids"), f"{where}.warm_sample_ids")
+            if not ids:
+                raise Invalid(f"{where}.warm_sample_ids", "must not be empty")
+            known["warm_sample_ids"] = [integer(x, f"{where}.warm_sample_ids.{i}", ge=0) for i, x in enumerate(ids)]
+        d.pop("warm_sample_ids", None)
         return cls(**known, extra=d)
 
     def model_dump(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        out = {k: getattr(self, k) for k in self.__slots__ if k != "extra"}
+        if out["warm_sample_ids"] is None:
+            del out["warm_sample_ids"]
         out = {k: list(v) if isinstance(v, list) else v for k, v in out.items()}
         return {**out, **self.extra}
 
 
-@dataclass
-class Manifest:
-    format_version: int
-    name: str
-    model_sha256: str
-    tokenizer_sha256: str | None
-    package_sha256: str
-    files: dict[str, FileEntry]
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    output_dim: int
-    max_seq_length: int  # tokens, specials included
-    pooling: str  # "mean" | "cls"
-    normalize: bool
-    vocab_size: int  # rows of the word-embedding table in this package
-    engines: dict[str, dict]  # engine name -> {"files": [...], ...}
-    serving: Serving
-    source: dict
-    tool_versions: dict[str, str]
-    nondeterministic: dict[str, str] = field(default_factory=dict)  # file -> why two exports differ
-    extra: dict = field(default_factory=dict)  # fields newer writers add; format_version guards breaks
+def _check_across(m: "Manifest") -> "Manifest":
+    """The checks that span fields: the warm-up ids against the vocabulary and the length."""
+    ids = m.serving.warm_sample_ids
+    if ids is not None:
+        if max(ids) >= m.vocab_size:
+            raise Invalid("serving.warm_sample_ids", f"id {max(ids)} is outside the vocabulary ({m.vocab_size} ids)")
+        if len(ids) > m.max_seq_length:
+            raise Invalid("serving.warm_sample_ids", f"{len(ids)} ids, more than max_seq_length {m.max_seq_length}")
+    return m
+
+
+class Manifest(_Record):
+    __slots__ = (
+        "format_version",  # int
+        "name",  # str
+        "model_sha256",  # str
+        "tokenizer_sha256",  # str | None
+        "package_sha256",  # str
+        "files",  # dict[str, FileEntry]
+        "inputs",  # list[TensorSpec]
+        "outputs",  # list[TensorSpec]
+        "output_dim",  # int
+        "max_seq_length",  # int: tokens, specials included
+        "pooling",  # "mean" | "cls"
+        "normalize",  # bool
+        "vocab_size",  # int: rows of the word-embedding table in this package
+        "engines",  # dict[str, dict]: engine name -> {"files": [...], ...}
+        "serving",  # Serving
+        "source",  # dict
+        "tool_versions",  # dict[str, str]
+        "nondeterministic",  # dict[str, str]: file -> why two exports differ
+        "extra",  # dict: fields newer writers add; format_version guards breaks
+    )
+    _defaults = {"nondeterministic": dict, "extra": dict}
 
     @classmethod
-    def model_validate(cls, data: Any) -> "Manifest":
+    def model_validate(cls, data: object) -> "Manifest":
         """Check types and ranges of every field; raises :class:`Invalid` naming the field."""
         d = dict(dict_of(data, "manifest"))
         take = d.pop
 
-        def need(name: str) -> Any:
+        def need(name: str) -> object:
             if name not in d:
                 raise Invalid(name, "field required")
             return take(name)
@@ -149,7 +221,7 @@ class Manifest:
                 raise Invalid(f"files.{name}", "must be a plain file name inside the package")
             files[name] = FileEntry.model_validate(entry, f"files.{name}")
         tok = take("tokenizer_sha256", None)
-        return cls(
+        return _check_across(cls(
             format_version=integer(need("format_version"), "format_version"),
             name=string(need("name"), "name"),
             model_sha256=sha256_hex(need("model_sha256"), "model_sha256"),
@@ -169,7 +241,7 @@ class Manifest:
             tool_versions={k: string(v, f"tool_versions.{k}") for k, v in dict_of(need("tool_versions"), "tool_versions").items()},
             nondeterministic={k: string(v, f"nondeterministic.{k}") for k, v in dict_of(take("nondeterministic", {}), "nondeterministic").items()},
             extra=d,
-        )
+        ))
 
     @property
     def tokenizer(self) -> str:
@@ -308,7 +380,7 @@ def _load_manifest(root: Path) -> Manifest:
     return manifest
 
 
-def open_package(path: str | os.PathLike, verify: Literal["full", "size", "none"] = "full") -> ModelPackage:
+def open_package(path: str | os.PathLike, verify: str = "full") -> ModelPackage:
     """Open the package at ``path``; check every file's size (``"size"``) and sha256 (``"full"``).
 
     ``"none"`` still validates the manifest itself (schema and its own hash).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.errors import ErrorCode, TokenizerError
+from edge.errors import TokenizerError
 from edge.preload.tokenizer_fb import AddedToken as _fb_added  # noqa: F401  imported here, not at first
 from edge.preload.tokenizer_fb import CharTable as _fb_table  # noqa: F401  use inside open (see accessors)
 from edge.preload.tokenizer_fb.ModelKind import ModelKind

@@ -27,6 +27,7 @@ from pathlib import Path
 import zmq
 
 from edge.ipc import protocol as P
+from edge.launch import boot_argv, compile_bytecode
 
 __all__ = ["first_reply_s", "main"]
 
@@ -91,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
 
+    compile_bytecode()  # the bundle's byte code is compiled; give the plain process the same
     work = Path(tempfile.mkdtemp(prefix="edge-measure-"))
     (work / "home").mkdir()
     plain_addr = f"ipc://{work}/run/edge.sock"
-    plain_cmd = [sys.executable, "-m", "edge.boot", "--package", meta["package"]["source"], "--engine", meta["engine"],
+    plain_cmd = [*boot_argv(), "--package", meta["package"]["source"], "--engine", meta["engine"],
                  "--bind", plain_addr]
     config_env = dict(e.split("=", 1) for e in json.loads((args.bundle / "config.json").read_text())["process"]["env"])
     plain_env = {**os.environ, **{k: v for k, v in config_env.items() if k != "PATH"}, "HOME": str(work / "home")}

@@ -108,7 +108,9 @@ def _parse_strace(path: Path) -> tuple[set[str], set[str]]:
 
 def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, str], *,
                use_strace: str = "auto", progress=None) -> Trace:
-    """Boot ``python -m edge.boot BOOT_ARGS`` under the recorder, exercise it, stop it.
+    """Boot ``python -S -m edge.boot BOOT_ARGS`` under the recorder, exercise it, stop it.
+
+    ``-S`` as the bundle starts it (edge/launch.py): ``env`` carries the ``PYTHONPATH``.
 
     ``boot_args`` must not carry ``--bind``; the trace binds a socket in ``workdir``.
     ``env`` is the container's environment (HOME and NOTIFY_SOCKET are replaced).
@@ -124,7 +126,7 @@ def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, 
         raise TraceError("--strace on, but strace is not installed on the build host")
     run_env = {**env, "HOME": str(workdir / "home"), "NOTIFY_SOCKET": str(notify_path),
                "EDGE_TRACE_OUT": str(out), "EDGE_TIMELINE": str(workdir / "timeline.json")}
-    cmd = [python, "-c", HOOK_SOURCE, *boot_args, "--bind", address]
+    cmd = [python, "-S", "-c", HOOK_SOURCE, *boot_args, "--bind", address]
     strace_out = workdir / "strace.txt"
     if strace:
         cmd = [strace, "-f", "-qq", "-o", str(strace_out), *cmd]

@@ -158,3 +158,43 @@ def test_importing_edge_engines_imports_no_engine_library():
             "print(sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_ort_engine_loads_and_warms_without_numpy(minilm_package):
+    """Boot creates and warms the session while its main thread still imports numpy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from edge.preload.manifest import open_package\n"
+        "from edge.engines import load_engine\n"
+        f"pkg = open_package({str(minilm_package)!r}, 'size')\n"
+        "engine = load_engine(pkg, 'onnxruntime', 'cpu')\n"
+        "ids = [101, 7592, 2088, 102]\n"
+        "ok = [engine.warm_run(b, t, ids) for b, t in ((1, 16), (2, 4))]\n"
+        "print(ok, 'numpy' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[True, True] False"
+
+
+def test_ort_warm_run_feeds_the_same_batch_as_run(minilm_package):
+    """warm_run's ctypes inputs are the batch run() would get: (B, T), ids left-aligned, mask 1 on them."""
+    engine = load_engine(minilm_package, "onnxruntime", "cpu")
+    seen = []
+    real_run = engine._run
+
+    def spy(ids_address, mask_address, out_address, batch, tokens):
+        n = batch * tokens
+        seen.append((batch, tokens, list((ctypes.c_int64 * n).from_address(ids_address)),
+                     list((ctypes.c_int64 * n).from_address(mask_address))))
+        return real_run(ids_address, mask_address, out_address, batch, tokens)
+
+    engine._run = spy
+    try:
+        assert engine.warm_run(2, 6, [101, 7592, 2088, 102])
+    finally:
+        del engine._run
+        engine.close()
+    assert seen == [(2, 6, [101, 7592, 2088, 102, 0, 0] * 2, [1, 1, 1, 1, 0, 0] * 2)]
