@@ -92,14 +92,15 @@ def _under(path: str, prefixes) -> bool:
 
 
 def _startup_files(trace: Trace) -> set[str]:
-    """What the interpreter reads before any hook can run: its symlink chain, prefix landmarks, .pth files."""
+    """What the interpreter reads before any hook can run: its symlink chain and prefix landmarks.
+
+    No ``.pth`` files: the runtime starts with ``-S`` (edge/launch.py), and one copied
+    without the module it imports (an editable install's finder) would break every
+    other interpreter started in the container, ``runc exec python`` included.
+    """
     major, minor = trace.version[:2]
     stdlib = os.path.join(trace.base_prefix, "lib", f"python{major}.{minor}")
-    files = {trace.executable, os.path.join(trace.prefix, "pyvenv.cfg"), os.path.join(stdlib, "os.py")}
-    for d in trace.sys_path:
-        if d.endswith("site-packages") and os.path.isdir(d):
-            files.update(str(p) for p in Path(d).glob("*.pth"))
-    return files
+    return {trace.executable, os.path.join(trace.prefix, "pyvenv.cfg"), os.path.join(stdlib, "os.py")}
 
 
 def _edge_package_files(trace: Trace) -> set[str]:
@@ -276,7 +277,7 @@ class Rootfs:
         self.mkdir("/etc")
         (self.inside("/etc/passwd")).write_text(
             f"root:x:0:0:root:/root:/usr/sbin/nologin\nedge:x:{uid}:{gid}:edge runtime:/tmp:/usr/sbin/nologin\n")
-        groups = [f"root:x:0:", f"edge:x:{gid}:"] + [f"gpu{g}:x:{g}:edge" for g in extra_gids if g not in (0, gid)]
+        groups = ["root:x:0:", f"edge:x:{gid}:"] + [f"gpu{g}:x:{g}:edge" for g in extra_gids if g not in (0, gid)]
         (self.inside("/etc/group")).write_text("\n".join(groups) + "\n")
 
     def compile_bytecode(self, python: str, prefixes: list[str]) -> None:

@@ -46,7 +46,8 @@ def test_config_is_locked_down(ort_bundle):
     env = dict(e.split("=", 1) for e in p["env"])
     assert env["HOME"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
     assert "LD_PRELOAD" not in env or "jemalloc" in env["LD_PRELOAD"]
-    assert p["args"][1:4] == ["-m", "edge.boot", "--engine"] and p["args"][-1] == "ipc:///run/edge/edge.sock"
+    assert p["args"][1:5] == ["-S", "-m", "edge.boot", "--engine"] and p["args"][-1] == "ipc:///run/edge/edge.sock"
+    assert env["PYTHONPATH"].split(":")[0] == str(REPO.resolve())  # the runtime starts without site
     mounts = {m["destination"]: m for m in c["mounts"]}
     assert mounts["/tmp"]["type"] == "tmpfs" and "noexec" in mounts["/tmp"]["options"]
     meta = bundle_meta(ort_bundle)

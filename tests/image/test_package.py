@@ -88,6 +88,20 @@ def test_tokenizer_in_package(minilm_package):
     assert (minilm_package / "tokenizer.fb").read_bytes() == compile_tokenizer_json(source_dir() / "tokenizer.json")
 
 
+def test_warm_sample_ids_are_the_warm_text_as_hugging_face_encodes_it(minilm_package):
+    """The ids boot warms with, stored by the builder, are real tokenizer output (not made up)."""
+    from tokenizers import Tokenizer as HfTokenizer
+
+    from edge.warmup import WARM_TEXT
+
+    serving = open_package(minilm_package, verify="none").manifest.serving
+    hf = HfTokenizer.from_file(str(source_dir() / "tokenizer.json"))
+    hf.no_padding()
+    hf.enable_truncation(max(serving.buckets))
+    assert serving.warm_sample_ids == hf.encode(WARM_TEXT).ids
+    assert len(serving.warm_sample_ids) == max(serving.buckets)  # fills the largest bucket
+
+
 @pytest.fixture(scope="module")
 def pruned_package(tmp_path_factory):
     pytest.importorskip("image.tokenizer.prune")
@@ -115,6 +129,11 @@ def test_pruned_package_is_smaller_and_equal_on_the_domain(pruned_package, minil
     tok_small = Tokenizer.open(pruned_package / "tokenizer.fb")
     tok_full = Tokenizer.open(minilm_package / "tokenizer.fb")
     assert tok_small.vocab_size == v
+    from edge.warmup import WARM_TEXT
+
+    warm = small.manifest.serving.warm_sample_ids  # in the pruned vocabulary, as its tokenizer encodes it
+    assert warm == list(tok_small.encode(WARM_TEXT, max_length=max(small.manifest.serving.buckets)).ids)
+    assert max(warm) < v
     texts = DOMAIN[:6]
     for name in ("onnxruntime", "torchscript"):
         a, b = load_engine(small, name, device="cpu"), load_engine(full, name, device="cpu")

@@ -8,7 +8,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -191,3 +190,41 @@ def test_request_sent_before_bind_is_served_not_refused(minilm_package, tmp_path
         rt.wait_ready()
     finally:
         assert rt.stop() == 0
+
+
+def test_tampered_tokenizer_fails_boot_in_verify_tokenizer(minilm_package, tmp_path):
+    pkg = _copy_package(minilm_package, tmp_path / "pkg")
+    with open(pkg / "tokenizer.fb", "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    rt = start_runtime(tmp_path / "bad", "--package", str(pkg))
+    code = rt.proc.wait(120)
+    rt.stop()
+    assert code != 0
+    failed = [json.loads(line) for line in rt.output().splitlines() if '"boot.failed"' in line]
+    assert failed and failed[0]["stage"] == "verify_tokenizer" and "tokenizer.fb" in failed[0]["error"], rt.output()
+
+
+def test_package_without_warm_ids_boots_with_the_tokenizer_handed_over(minilm_package, tmp_path):
+    """A package built before serving.warm_sample_ids existed: the warm-up waits for the tokenizer instead."""
+    from edge.preload.manifest import manifest_digest
+
+    pkg = _copy_package(minilm_package, tmp_path / "pkg")
+    data = json.loads((pkg / "manifest.json").read_text())
+    del data["serving"]["warm_sample_ids"]
+    data["package_sha256"] = manifest_digest(data)
+    (pkg / "manifest.json").write_text(json.dumps(data))
+    rt = start_runtime(tmp_path / "old", "--package", str(pkg))
+    try:
+        rt.wait_ready()
+        with EdgeClient(rt.address, timeout_s=30) as client:
+            result = client.embed(TEXTS[:2])
+            stats = client.stats()
+        assert result.embeddings.shape == (2, 384)
+        stages = {s["stage"]: s for s in stats["timeline"]["stages"]}
+        # the tokenizer was loaded before the warm-up began: it came from the main thread
+        assert stages["warm_buckets"]["start_ms"] >= stages["load_tokenizer"]["end_ms"]
+    finally:
+        rt.stop()

@@ -135,8 +135,13 @@ def test_manifest_hash_swapped_for_a_tampered_file(minilm_package, tmp_path):
         lambda d: d["files"].update({"../escape": {"sha256": "0" * 64, "size": 1}}),
         lambda d: d["serving"].update(buckets=[64, 32]),
         lambda d: d["engines"]["onnxruntime"]["files"].append("absent.bin"),
+        lambda d: d["serving"].update(warm_sample_ids=[101, d["vocab_size"], 102]),
+        lambda d: d["serving"].update(warm_sample_ids=[101] * (d["max_seq_length"] + 1)),
+        lambda d: d["serving"].update(warm_sample_ids=[101, "x"]),
+        lambda d: d["serving"].update(warm_sample_ids=[]),
     ],
-    ids=["format_version", "no_inputs", "negative_dim", "path_escape", "unsorted_buckets", "engine_file_unlisted"],
+    ids=["format_version", "no_inputs", "negative_dim", "path_escape", "unsorted_buckets", "engine_file_unlisted",
+         "warm_id_outside_vocab", "warm_ids_too_long", "warm_id_not_int", "warm_ids_empty"],
 )
 def test_invalid_manifest_is_refused(minilm_package, tmp_path, edit):
     root = clone(minilm_package, tmp_path / "pkg")
@@ -169,3 +174,13 @@ def test_load_engine_refuses_a_truncated_package(minilm_package, tmp_path):
     with pytest.raises(PackageError) as info:
         load_engine(root, "onnxruntime", device="cpu")
     assert info.value.file == "model.ort"
+
+
+def test_warm_sample_ids_are_optional_and_round_trip(minilm_package, tmp_path):
+    pkg = open_package(minilm_package, verify="none")
+    ids = pkg.manifest.serving.warm_sample_ids
+    assert ids and pkg.manifest.serving_dict()["warm_sample_ids"] == ids
+    root = clone(minilm_package, tmp_path / "old")
+    rewrite_manifest(root, lambda d: d["serving"].pop("warm_sample_ids"))  # a package from before the field
+    old = open_package(root, verify="none").manifest
+    assert old.serving.warm_sample_ids is None and "warm_sample_ids" not in old.serving_dict()
