@@ -164,7 +164,7 @@ def format_table(record: dict) -> str:
         for name, st in table.items():
             label = name + (" *" if name in overlapped else "")
             if name in ("boot_imports", "own_stages", "exec_to_ready", "total") and kind == "runtime":
-                label = {"boot_imports": "boot_imports (edge.boot's)", "own_stages": "(own stages, summed: no imports)",
+                label = {"boot_imports": "boot_imports (edge.boot's)", "own_stages": "(own stages, summed)",
                          "exec_to_ready": "exec -> READY", "total": "TOTAL exec -> first reply"}[name]
             elif name == "total":
                 label = "TOTAL exec -> result"
