@@ -34,7 +34,7 @@ from bench.coldstart import cache as C
 from bench.coldstart import launch as L
 from bench.coldstart import report as R
 from bench.coldstart.machine import load_average, machine_facts
-from edge.launch import compile_bytecode
+from edge.launch import boot_env, compile_bytecode
 
 __all__ = ["main", "parse_args", "emit"]
 
@@ -146,11 +146,15 @@ class Bench:
 
     def _traced_files(self) -> list[str]:
         """Every file a boot to READY opens or maps: the bundle builder's recorder, reused."""
-        from image.bundle.trace import trace_boot
+        from image.bundle.trace import TraceError, trace_boot
 
-        trace = trace_boot(sys.executable, ["--package", str(self.package), "--engine", self.args.engine,
-                                            *self.args.runtime_arg], self.workroot / "trace",
-                           env=dict(os.environ), use_strace="off")
+        try:
+            # The tracer starts the runtime as the device does (python -S): it needs the module path.
+            trace = trace_boot(sys.executable, ["--package", str(self.package), "--engine", self.args.engine,
+                                                *self.args.runtime_arg], self.workroot / "trace",
+                               env=boot_env(), use_strace="off")
+        except TraceError as exc:
+            raise L.RunFailed(f"the traced boot (for the eviction list) failed: {exc}") from exc
         return sorted(trace.all_paths())
 
     def _baseline(self, i: int, list_files: bool = False) -> L.RunResult:

@@ -212,3 +212,17 @@ def test_real_record_over_a_tiny_budget_exits_1(real_run, tmp_path, capsys):
     assert cli.emit(rec, args) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("FAIL")
     assert json.loads((tmp_path / "tiny.json").read_text())["summary"]["pass"] is False
+
+
+def test_real_cold_run_evicts_the_traced_files(minilm_package, tmp_path):
+    """--cache cold: the burn-in traces a boot (as the device starts it) and every run evicts what it read."""
+    cmd = [sys.executable, "-m", "bench.coldstart.cli", "--runs", "1", "--cache", "cold", "--no-baseline",
+           "--package", str(minilm_package), "--budget-ms", "1e9", "--json", str(tmp_path / "cold.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads((tmp_path / "cold.json").read_text())
+    evict = rec["cache"]["eviction_set"]
+    assert rec["config"]["cache"] == "cold" and rec["summary"]["failed_runs"] == 0
+    # the runtime's traced files (edge's own modules among them) and the package are in the set
+    assert evict["files"] > 100 and rec["cache"]["runtime_files_check"]["files"] > 0
+    assert "byte-compiled" in rec["cache"]["bytecode"]
