@@ -310,7 +310,7 @@ class Bench:
             "package": {**(_package_facts(self.package) if self.package else {}), "lineage": self.lineage},
             "cache": self.cache_info, "phases": phases, "runs": pairs, "failures": self.failures,
         }
-        record["summary"] = R.summarize(pairs, config["engine"], a.budget_ms, len(self.failures))
+        record["summary"] = R.summarize(pairs, config["engine"], a.budget_ms, len(self.failures), a.cache)
         if a.compare:
             record["compare"] = R.compare(record, json.loads(a.compare.read_text()))
         return record
