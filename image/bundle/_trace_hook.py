@@ -64,12 +64,19 @@ def _snapshot(tag):
     _snapshots[tag] = {"maps": sorted(_mapped_files()), "modules": _module_files()}
 
 
+def _prefix():
+    # Under -S (how the runtime starts) site never ran, and site is what sets sys.prefix
+    # to a virtual environment; the environment is where pyvenv.cfg lies.
+    env = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    return env if os.path.exists(os.path.join(env, "pyvenv.cfg")) else sys.prefix
+
+
 def _dump():
     if "exit" not in _snapshots:
         _snapshot("exit")
     record = {
         "executable": sys.executable,
-        "prefix": sys.prefix,
+        "prefix": _prefix(),
         "base_prefix": sys.base_prefix,
         "sys_path": sys.path,
         "version": list(sys.version_info[:3]),

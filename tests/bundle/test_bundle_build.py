@@ -74,6 +74,11 @@ def test_metadata_tells_clients_where_to_connect(ort_bundle, minilm_package):
         (minilm_package / "manifest.json").read_bytes()
     s = meta["sizes"]
     assert 0 < s["runtime_bytes"] < s["source_env_bytes"] and s["runtime_files"] < s["source_env_files"]
+    # The trace runs under -S, where site never sets sys.prefix: the environment is still found.
+    assert os.path.realpath(sys.prefix) in {os.path.realpath(r) for r in s["source_env_roots"]}
+    if sys.prefix != sys.base_prefix:  # a virtual environment: its pyvenv.cfg goes into the rootfs
+        assert (ort_bundle / "rootfs" / os.path.relpath(os.path.join(sys.prefix, "pyvenv.cfg"), "/")).exists() \
+            or any((ort_bundle / "rootfs").glob("opt/edge/under-tmp/**/pyvenv.cfg"))
 
 
 def test_rootfs_holds_the_traced_runtime_and_nothing_else(ort_bundle):
