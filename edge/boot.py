@@ -2,9 +2,9 @@
 
 Stages, on threads that share the machine's cores::
 
-    main:    interpreter ─ import_manifest ─ open_package ─┬─ import_runtime ─ verify_tokenizer ─ load_tokenizer ─ import_server ─┬─ bind ─ start_server ─ READY
-    engine:                                                ├─ verify_package ─┬─ map_weights ─ prewarm_device ─ warm_buckets ─ preallocate ─┘
-    engine:                                                └─ import_engine ──┘
+    main:    interpreter ─ import_manifest ─ open_package ─ select_engine ─┬─ import_runtime ─ verify_tokenizer ─ load_tokenizer ─ import_server ─┬─ bind ─ start_server ─ READY
+    engine:                                                                ├─ verify_package ─┬─ map_weights ─ prewarm_device ─ warm_buckets ─ preallocate ─┘
+    engine:                                                                └─ import_engine ──┘
 
 The main thread's work is importing Python modules, which holds the GIL. The
 engine threads' is hashing, ONNX Runtime's C calls and torch's kernels, which
@@ -268,8 +268,16 @@ class _EngineBoot:
         self.buffers = preallocate() if native else buffers
 
     def result(self):
-        """(engine, buffers) once every stage is done; re-raises the chain's BootError."""
-        self._task.result()
+        """(engine, buffers) once every stage is done; re-raises the chain's failure as a BootError."""
+        try:
+            self._task.result()
+        except BaseException as exc:
+            if isinstance(exc, BootError) and exc.stage:
+                raise
+            err = _stage_error("engine", exc, "--engine / --package DIR")  # outside any stage
+            if err is exc:
+                raise
+            raise err from exc
         return self.engine, self.buffers
 
     def settle(self, timeout_s: float = 30.0) -> None:
@@ -295,6 +303,8 @@ def boot(args: argparse.Namespace, timeline: Timeline):
     else:
         package_dir = stages.run("build_package", "--package DIR", ensure_default_package, default_package_dir())
     pkg = stages.run("open_package", "--package DIR", open_package, package_dir, "size")
+    # Before seconds of work: does the package have files for this engine at all?
+    stages.run("select_engine", "--engine (one the package was built for)", pkg.engine_files, args.engine)
     manifest = pkg.manifest
     tokenizer_handoff = _Handoff()
     engine_boot = _EngineBoot(stages, args, pkg, tokenizer_handoff)

@@ -225,3 +225,19 @@ def test_package_without_warm_ids_boots_with_the_tokenizer_handed_over(minilm_pa
         assert stages["warm_buckets"]["start_ms"] >= stages["load_tokenizer"]["end_ms"]
     finally:
         rt.stop()
+
+
+def test_engine_missing_from_the_package_fails_at_once_in_select_engine(minilm_package, tmp_path):
+    from edge.preload.manifest import manifest_digest
+
+    pkg = _copy_package(minilm_package, tmp_path / "pkg")
+    data = json.loads((pkg / "manifest.json").read_text())
+    del data["engines"]["torchscript"]
+    data["package_sha256"] = manifest_digest(data)
+    (pkg / "manifest.json").write_text(json.dumps(data))
+    rt = start_runtime(tmp_path / "noeng", "--package", str(pkg), "--engine", "torchscript")
+    code = rt.proc.wait(60)
+    rt.stop()
+    failed = [json.loads(line) for line in rt.output().splitlines() if '"boot.failed"' in line]
+    assert code != 0 and failed and failed[0]["stage"] == "select_engine", rt.output()
+    assert "torchscript" in failed[0]["error"] and "import_engine" not in {s["stage"] for s in failed[0]["timeline"]["stages"]}
