@@ -204,15 +204,21 @@ def test_tampered_tokenizer_fails_boot_in_verify_tokenizer(minilm_package, tmp_p
     assert failed and failed[0]["stage"] == "verify_tokenizer" and "tokenizer.fb" in failed[0]["error"], out
 
 
-def test_package_without_warm_ids_boots_with_the_tokenizer_handed_over(minilm_package, tmp_path):
-    """A package built before serving.warm_sample_ids existed: the warm-up waits for the tokenizer instead."""
+def _package_with_edited_manifest(minilm_package, tmp_path, edit):
+    """A copy of the package whose manifest ``edit(data)`` changed, re-sealed (package_sha256)."""
     from edge.preload.manifest import manifest_digest
 
     pkg = _copy_package(minilm_package, tmp_path / "pkg")
     data = json.loads((pkg / "manifest.json").read_text())
-    del data["serving"]["warm_sample_ids"]
+    edit(data)
     data["package_sha256"] = manifest_digest(data)
     (pkg / "manifest.json").write_text(json.dumps(data))
+    return pkg
+
+
+def test_package_without_warm_ids_boots_with_the_tokenizer_handed_over(minilm_package, tmp_path):
+    """A package built before serving.warm_sample_ids existed: the warm-up waits for the tokenizer instead."""
+    pkg = _package_with_edited_manifest(minilm_package, tmp_path, lambda d: d["serving"].pop("warm_sample_ids"))
     rt = start_runtime(tmp_path / "old", "--package", str(pkg))
     try:
         rt.wait_ready()
@@ -228,13 +234,7 @@ def test_package_without_warm_ids_boots_with_the_tokenizer_handed_over(minilm_pa
 
 
 def test_engine_missing_from_the_package_fails_at_once_in_select_engine(minilm_package, tmp_path):
-    from edge.preload.manifest import manifest_digest
-
-    pkg = _copy_package(minilm_package, tmp_path / "pkg")
-    data = json.loads((pkg / "manifest.json").read_text())
-    del data["engines"]["torchscript"]
-    data["package_sha256"] = manifest_digest(data)
-    (pkg / "manifest.json").write_text(json.dumps(data))
+    pkg = _package_with_edited_manifest(minilm_package, tmp_path, lambda d: d["engines"].pop("torchscript"))
     rt = start_runtime(tmp_path / "noeng", "--package", str(pkg), "--engine", "torchscript")
     code = rt.proc.wait(60)
     rt.stop()
