@@ -60,8 +60,9 @@ def boot_env(env: dict[str, str] | None = None) -> dict[str, str]:
     A ``PYTHONPATH`` already there is kept, after ours: ``-S`` drops only what site adds.
     """
     out = dict(os.environ if env is None else env)
-    extra = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
-    out["PYTHONPATH"] = os.pathsep.join([*boot_pythonpath(), *(p for p in extra if p not in boot_pythonpath())])
+    ours = boot_pythonpath()
+    extra = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p not in ours]
+    out["PYTHONPATH"] = os.pathsep.join([*ours, *extra])
     return out
 
 
