@@ -28,6 +28,7 @@ import zmq
 
 from edge.errors import ErrorCode
 from edge.ipc import protocol as P
+from edge.ipc.validate import parse_request
 from edge.notify import notify
 
 PAD_TO = 256  # tokens: every request is padded to the model's maximum length
@@ -43,11 +44,11 @@ class GlueServer:
         self.max_len = min(PAD_TO, pkg.manifest.max_seq_length)
         self.tokenizer = Tokenizer.open(pkg.path(pkg.manifest.tokenizer))
         self.engine = load_engine(pkg, engine, device)
-        m = pkg.manifest
-        self.lineage = {"model_sha256": m.model_sha256, "tokenizer_sha256": m.tokenizer_sha256,
-                        "package_sha256": m.package_sha256, "engine": self.engine.name, "device": self.engine.device}
-        self.started = time.monotonic()
-        self.counts = {"infer": 0, "ok": 0, "errors": 0, "tokens": 0, "padded_tokens": 0, "batches": 0, "compute_ms": 0.0}
+        from edge.boot import lineage_of
+        from edge.serving.metrics import Metrics
+
+        self.lineage = lineage_of(pkg.manifest, self.engine)
+        self.metrics = Metrics([self.max_len])  # the runtime's own counters, so both stats read alike
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -77,54 +78,51 @@ class GlueServer:
         trace_id = secrets.token_hex(8)
         encoding = P.sniff_encoding(rest[0]) if rest else P.MSGPACK
         try:
-            mtype, msg = P.parse_request(rest)
+            mtype, msg = parse_request(rest)
         except P.ProtocolError as exc:
-            self.counts["errors"] += 1
-            return P.encode_error(exc.code, exc.message, trace_id, encoding, exc.request_id)
+            self.metrics.received("invalid")
+            return self.error(exc.code, exc.message, trace_id, encoding, exc.request_id)
+        self.metrics.received(mtype)
         if mtype == "infer":
             return self.infer(msg, trace_id, encoding)
+        queue = P.QueueInfo(texts=0, max_texts=1, tokens=0, max_queued_tokens=self.max_len, in_flight=0)
         if mtype == "health":
-            body = {"live": True, "ready": True, "state": "ready", "uptime_s": round(time.monotonic() - self.started, 3),
-                    "queue": {"requests": 0, "tokens": 0, "in_flight": 0}, "trace_id": trace_id}
-            return P.encode_reply("health", body, encoding)
+            self.metrics.replied("health")
+            return P.HealthReply(ready=True, state="ready", uptime_s=round(time.monotonic() - self.metrics.started, 3),
+                                 queue=queue, trace_id=trace_id).frames(encoding)
         if mtype == "stats":
-            c = self.counts
-            body = {"uptime_s": round(time.monotonic() - self.started, 3), "state": "ready", "trace_id": trace_id,
-                    "requests": {"infer": c["infer"]}, "replies_ok": {"infer": c["ok"]}, "errors_total": c["errors"],
-                    "batches": {"count": c["batches"],
-                                "padding_efficiency": round(c["tokens"] / c["padded_tokens"], 4) if c["padded_tokens"] else None,
-                                "by_bucket": {str(self.max_len): {"batches": c["batches"], "texts": c["ok"], "tokens": c["tokens"],
-                                                                  "padded_tokens": c["padded_tokens"]}}},
-                    "latency_ms": {"compute": {"sum": round(c["compute_ms"], 3), "count": c["batches"]}},
-                    "lineage": self.lineage}
-            return P.encode_reply("stats", body, encoding)
-        self.counts["errors"] += 1  # cancel: nothing is ever queued here
-        return P.encode_error(ErrorCode.UNKNOWN_REQUEST_ID, "this server runs one request at a time; nothing to cancel",
-                              trace_id, encoding, msg.request_id)
+            self.metrics.replied("stats")
+            settings = P.ServingInfo(buckets=[self.max_len], batch_caps={str(self.max_len): P.Limits().max_texts},
+                                     max_delay_ms=0.0, max_text_tokens=self.max_len, max_texts=P.Limits().max_texts,
+                                     max_text_bytes=P.Limits().max_text_bytes, max_frame_bytes=P.Limits().max_frame_bytes)
+            return P.StatsReply(metrics=self.metrics.snapshot(), state="ready", queue=queue, lineage=self.lineage,
+                                settings=settings, timeline=None, trace_id=trace_id).frames(encoding)
+        # cancel: nothing is ever queued here
+        return self.error(ErrorCode.UNKNOWN_REQUEST_ID, "this server runs one request at a time; nothing to cancel",
+                          trace_id, encoding, msg.request_id)
+
+    def error(self, code: ErrorCode, message: str, trace_id: str, encoding: str, request_id) -> list:
+        self.metrics.error(code)
+        return P.encode_error(code, message, trace_id, encoding, request_id)
 
     def infer(self, msg: P.InferMsg, trace_id: str, encoding: str) -> list:
         arrival = time.monotonic()
-        self.counts["infer"] += 1
         batch = self.tokenizer.encode_batch(msg.texts, self.max_len, self.max_len)  # (N, 256) int64 each
         if not msg.truncate and any(batch.truncated):
-            self.counts["errors"] += 1
-            return P.encode_error(ErrorCode.TOO_MANY_TOKENS, f"a text is longer than {self.max_len} tokens",
-                                  trace_id, encoding, msg.request_id)
+            return self.error(ErrorCode.TOO_MANY_TOKENS, f"a text is longer than {self.max_len} tokens",
+                              trace_id, encoding, msg.request_id)
+        self.metrics.accepted(len(msg.texts))
         start = time.monotonic()
         out = np.ascontiguousarray(self.engine.run(batch.input_ids, batch.attention_mask), dtype=P.EMBEDDING_DTYPE)  # (N, D)
         end = time.monotonic()
         n = len(msg.texts)
-        self.counts["compute_ms"] += (end - start) * 1000.0
-        self.counts.update(ok=self.counts["ok"] + 1, batches=self.counts["batches"] + 1,
-                           tokens=self.counts["tokens"] + sum(batch.token_counts),
-                           padded_tokens=self.counts["padded_tokens"] + n * self.max_len)
-        body = {"trace_id": trace_id, "count": out.shape[0], "dim": out.shape[1], "token_counts": batch.token_counts,
-                "buckets": [self.max_len] * n, "truncated": batch.truncated,
-                "queue_ms": round((start - arrival) * 1000.0, 3), "compute_ms": round((end - start) * 1000.0, 3),
-                **self.lineage}
-        if msg.request_id is not None:
-            body["request_id"] = msg.request_id
-        return P.encode_reply("infer", body, encoding, (out.data,))
+        queue_ms, compute_ms = (start - arrival) * 1000.0, (end - start) * 1000.0
+        self.metrics.batch(self.max_len, n, n, sum(batch.token_counts), compute_ms)
+        self.metrics.replied("infer", queue_ms, (end - arrival) * 1000.0)
+        result = P.InferResult(trace_id=trace_id, count=out.shape[0], dim=out.shape[1], token_counts=batch.token_counts,
+                               buckets=[self.max_len] * n, truncated=batch.truncated, queue_ms=queue_ms,
+                               compute_ms=compute_ms, lineage=self.lineage, request_id=msg.request_id)
+        return result.frames(encoding, out.data)
 
     def close(self) -> None:
         self.sock.close(0)

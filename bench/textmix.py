@@ -103,17 +103,18 @@ def _pct(xs: list[int], q: float) -> int:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def describe(texts: list[str], tokenizer, buckets: list[int], max_tokens: int = 256) -> dict:
-    """Token-length distribution of ``texts`` (specials included, after truncation) and the
-    share of each length bucket; ``column_efficiency`` = real tokens / bucket tokens, the
-    padding efficiency of perfectly filled batches of the bucket shapes."""
+def describe(texts: list[str], tokenizer, shapes) -> dict:
+    """Token-length distribution of ``texts`` (specials included, after truncation to
+    ``shapes.max_text_tokens``) and the share of each length bucket (``shapes``: the server's
+    :class:`edge.serving.shapes.BatchShapes`); ``column_efficiency`` = real tokens / bucket
+    tokens, the padding efficiency of perfectly filled batches of the bucket shapes."""
     counts, truncated = [], 0
     for t in texts:
-        enc = tokenizer.encode(t, max_length=max_tokens)
+        enc = tokenizer.encode(t, max_length=shapes.max_text_tokens)
         counts.append(len(enc.ids))
         truncated += bool(enc.truncated)
-    bucket_of = [min(b for b in buckets if b >= n) for n in counts]
-    share = {str(b): round(sum(1 for x in bucket_of if x == b) / len(counts), 4) for b in buckets}
+    bucket_of = [shapes.bucket_for(n) for n in counts]
+    share = {str(b): round(sum(1 for x in bucket_of if x == b) / len(counts), 4) for b in shapes.buckets}
     return {
         "texts": len(counts),
         "tokens": {"min": min(counts), "p10": _pct(counts, 0.10), "p25": _pct(counts, 0.25), "p50": _pct(counts, 0.50),
@@ -134,16 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from pathlib import Path
 
-    from edge.boot import default_package_dir, ensure_default_package
+    from edge.default_package import default_package_dir, ensure_default_package
     from edge.preload.manifest import open_package
     from edge.preload.tokenizer import Tokenizer
+    from edge.serving.shapes import BatchShapes
 
     pkg = open_package(Path(args.package) if args.package else ensure_default_package(default_package_dir()), verify="size")
     tok = Tokenizer.open(pkg.path(pkg.manifest.tokenizer))
+    shapes = BatchShapes(pkg.manifest.serving, max_seq_length=pkg.manifest.max_seq_length)
     mix = text_mix(args.n, args.seed)
-    serving = pkg.manifest.serving_dict()
     record = {"n": args.n, "seed": args.seed, "kinds": {k[0]: sum(1 for m in mix if m[0] == k[0]) for k in KINDS},
-              **describe([t for _, t in mix], tok, serving["buckets"], pkg.manifest.max_seq_length)}
+              **describe([t for _, t in mix], tok, shapes)}
     print(json.dumps(record, indent=1))
     for name, *_ in KINDS:
         for t in [t for k, t in mix if k == name][: args.show]:

@@ -26,7 +26,7 @@ def _client_parser(sub: argparse._SubParsersAction, name: str, help_: str) -> ar
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="edge", description="edge inference runtime")
     sub = ap.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="boot the runtime and serve (arguments go to edge.boot)", add_help=False)
+    sub.add_parser("serve", help="boot the runtime and serve (`edge serve --help` lists its options)", add_help=False)
     e = _client_parser(sub, "embed", "embed texts; prints the reply as JSON")
     e.add_argument("texts", nargs="+", metavar="TEXT")
     e.add_argument("--request-id", default=None)
@@ -42,12 +42,37 @@ def _print(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def serve(argv: list[str]) -> int:
+    """``edge serve``: on a build host, build the default package if none is named; then exec the
+    runtime exactly as a device starts it (``python -S -m edge.boot``, ``edge/launch.py``), so its
+    timeline starts at that exec and the build is never a boot stage."""
+    import os
+
+    from edge.settings import parse_serve_args
+
+    args = parse_serve_args(argv)  # a usage error stops here, before any build
+    if args.package is None:
+        from edge.default_package import default_package_dir, ensure_default_package
+        from edge.errors import BootError
+
+        try:
+            argv = [*argv, "--package", str(ensure_default_package(default_package_dir()))]
+        except BootError as exc:
+            sys.stderr.write(f"edge serve: {exc}\n")
+            return 3
+    from edge.launch import boot_argv, boot_env
+
+    command = [*boot_argv(), *argv]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], command, boot_env())
+    return 0  # not reached
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        from edge import boot  # only the runtime pays for its imports
-
-        return boot.main(argv[1:])
+        return serve(argv[1:])
     args = _parser().parse_args(argv)
 
     from edge.errors import EdgeError

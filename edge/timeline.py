@@ -19,12 +19,11 @@ __all__ = ["Timeline", "exec_boottime_s"]
 
 def exec_boottime_s() -> float:
     """This process's exec time on the CLOCK_BOOTTIME scale, in seconds."""
-    hint = os.environ.get("EDGE_EXEC_BOOTTIME_NS")
-    if hint:
-        try:
-            return int(hint) / 1e9
-        except ValueError:
-            pass
+    from edge.settings import exec_boottime_hint_ns
+
+    hint = exec_boottime_hint_ns()
+    if hint is not None:
+        return hint / 1e9
     try:
         with open("/proc/self/stat", "rb") as f:
             stat = f.read()

@@ -7,76 +7,40 @@ Three stages, run by boot (``edge/boot.py`` orders them per engine):
   never calls cudaMalloc. ONNX Runtime sizes its arena at session creation
   (engine options); on the CPU there is nothing to do.
 * ``preallocate``: one pair of input buffers per bucket, shape
-  (max_batch_size, bucket), that the engine loop pads batches into. Pinned
+  (rows per batch, bucket), that the engine loop pads batches into. Pinned
   host memory when the engine runs on CUDA, so host-to-device copies are async.
-* ``warm_buckets``: run every (batch size, bucket) shape the package lists,
+* ``warm_buckets``: run every (batch size, bucket) shape that will be served,
   largest first so the allocator's first blocks fit every later shape. An engine
   with ``warm_run`` (ONNX Runtime) warms through its own native buffers, without
   numpy: boot warms it while the main thread is still importing numpy.
 
-Shapes and repeat counts come from the package's ``serving`` settings, per
-device kind (``warm.cpu`` / ``warm.cuda``). On a CPU kernels need no loading,
-so the default there is one run per bucket at batch 1: it pages the weights in
-and sizes the arena without paying seconds of compute at boot.
+Shapes, repeat counts and buffer rows come from :class:`edge.serving.shapes.BatchShapes`,
+which derives them from the package's serving settings and the device kind: the same
+object the scheduler and the engine loop ask, so warm-up runs exactly the shapes served.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edge.device import device_kind
+
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["WARM_TEXT", "WarmPlan", "warm_plan", "prewarm_device", "preallocate", "warm_buckets"]
+    from edge.serving.shapes import BatchShapes
+
+__all__ = ["WARM_TEXT", "prewarm_device", "preallocate", "warm_buckets"]
 
 # The warm-up's input: ordinary prose, long enough to fill the largest bucket. The
 # package builder stores its ids (``serving.warm_sample_ids``), so boot need not wait
 # for the tokenizer; older packages have boot tokenize it.
 WARM_TEXT = "The device warms every bucket with ordinary text before it reports ready. " * 40
 
-# Per device kind: which batch sizes to warm per bucket and how often.
-# TorchScript's profiling executor specialises after 2-3 calls (LAB.md), so
-# CUDA warms each shape 3 times.
-DEFAULT_WARM = {
-    "cpu": {"batch_sizes": [1], "repeats": 1},
-    "cuda": {"batch_sizes": None, "repeats": 3},  # None: every serving batch size
-}
-DEFAULT_CUDA_RESERVE_MB = 512  # upper bound of the up-front reservation
 
-
-class WarmPlan:
-    """The shapes to warm: list of (batch, tokens), largest first, and repeats."""
-
-    def __init__(self, shapes: list[tuple[int, int]], repeats: int) -> None:
-        self.shapes = shapes
-        self.repeats = repeats
-
-    def largest_tokens(self) -> int:
-        return max((b * t for b, t in self.shapes), default=0)
-
-
-def _device_kind(engine) -> str:
-    return "cuda" if str(getattr(engine, "device", "cpu")).startswith("cuda") else "cpu"
-
-
-def warm_plan(serving: dict, engine) -> WarmPlan:
-    kind = _device_kind(engine)
-    settings = {**DEFAULT_WARM[kind], **(serving.get("warm", {}) or {}).get(kind, {})}
-    batch_sizes = settings["batch_sizes"] or serving["batch_sizes"]
-    max_tokens = serving["max_batch_tokens"]
-    shapes = [
-        (b, t)
-        for t in serving["buckets"]
-        for b in batch_sizes
-        if b <= serving["max_batch_size"] and b * t <= max_tokens
-    ]
-    shapes.sort(key=lambda s: (s[0] * s[1], s[1]), reverse=True)
-    return WarmPlan(shapes, int(settings["repeats"]))
-
-
-def prewarm_device(engine, reserve_mb: int = DEFAULT_CUDA_RESERVE_MB) -> dict:
-    """Create the CUDA context and reserve memory; a no-op on the CPU."""
-    if _device_kind(engine) != "cuda":
+def prewarm_device(engine, reserve_mb: int) -> dict:
+    """Create the CUDA context and reserve up to ``reserve_mb`` MiB; a no-op on the CPU."""
+    if device_kind(engine.device) != "cuda":
         return {"device": "cpu"}
     if engine.name == "torchscript":
         import torch
@@ -114,12 +78,12 @@ def _host_buffer(shape: tuple[int, int], pinned: bool) -> np.ndarray:
     return np.zeros(shape, dtype=np.int64)
 
 
-def preallocate(serving: dict, engine, pad_id: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Input buffers per bucket: {tokens: (input_ids, attention_mask)}, each (max_batch, tokens)."""
-    pinned = _device_kind(engine) == "cuda" and engine.name == "torchscript"
+def preallocate(shapes: BatchShapes, engine, pad_id: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Input buffers per bucket: {tokens: (input_ids, attention_mask)}, each (shapes.rows(bucket), tokens)."""
+    pinned = shapes.kind == "cuda" and engine.name == "torchscript"
     buffers = {}
-    for tokens in serving["buckets"]:
-        rows = max(1, min(serving["max_batch_size"], serving["max_batch_tokens"] // tokens))
+    for tokens in shapes.buckets:
+        rows = shapes.rows(tokens)
         ids = _host_buffer((rows, tokens), pinned)
         ids.fill(pad_id)
         mask = _host_buffer((rows, tokens), pinned)
@@ -127,8 +91,8 @@ def preallocate(serving: dict, engine, pad_id: int = 0) -> dict[int, tuple[np.nd
     return buffers
 
 
-def warm_buckets(engine, plan: WarmPlan, sample_ids: list[int], buffers: dict | None = None) -> dict:
-    """Run every planned shape ``plan.repeats`` times.
+def warm_buckets(engine, shapes: BatchShapes, sample_ids: list[int], buffers: dict | None = None) -> dict:
+    """Run every shape of ``shapes.warm_shapes()`` ``shapes.warm_repeats`` times.
 
     Rows hold ``sample_ids`` (a real text's ids, specials included) so the
     engine sees the value ranges of serving, whatever the tokenizer. An engine
@@ -138,16 +102,15 @@ def warm_buckets(engine, plan: WarmPlan, sample_ids: list[int], buffers: dict | 
     """
     runs = 0
     native = getattr(engine, "warm_run", None)
-    for batch, tokens in plan.shapes:
-        if buffers is not None and batch > buffers[tokens][0].shape[0]:
-            continue
+    plan = shapes.warm_shapes()
+    for batch, tokens in plan:
         row = list(sample_ids[:tokens])
-        for _ in range(plan.repeats):
+        for _ in range(shapes.warm_repeats):
             ok = native(batch, tokens, row) if native is not None else _warm_numpy(engine, buffers, batch, tokens, row)
             if not ok:
                 raise RuntimeError(f"warm-up of shape {batch}x{tokens} gave bad output")
             runs += 1
-    return {"shapes": len(plan.shapes), "runs": runs, "repeats": plan.repeats,
+    return {"shapes": len(plan), "runs": runs, "repeats": shapes.warm_repeats,
             "inputs": "native" if native is not None else ("buffers" if buffers is not None else "numpy")}
 
 

@@ -37,11 +37,11 @@ from edge.preload.manifest import (
     MANIFEST_NAME,
     TOKENIZER_FILE,
     Manifest,
-    Serving,
     manifest_digest,
     model_digest,
     sha256_file,
 )
+from edge.settings import ServingSettings
 
 __all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION"]
 
@@ -217,7 +217,7 @@ def build_package(
     *,
     prune_corpus: list[str | os.PathLike] | None = None,
     source: str | os.PathLike | None = None,
-    serving: Serving | None = None,
+    serving: ServingSettings | None = None,
     ort_target_platform: str = "arm",
     tokenizer: bool = True,
 ) -> Path:
@@ -267,7 +267,7 @@ def build_package(
         nondeterministic = dict(NONDETERMINISTIC)
         if not _convert_ort(stage / "model.onnx", stage / "model.ort", ort_target_platform):
             nondeterministic["model.ort"] = ORT_ASLR_REASON
-        serving = Serving(**{k: getattr(serving or Serving(), k) for k in Serving.__slots__})  # a copy
+        serving = ServingSettings(**{k: getattr(serving or ServingSettings(), k) for k in ServingSettings.__slots__})  # a copy
         if fb is not None:
             (stage / TOKENIZER_FILE).write_bytes(fb)
             serving.warm_sample_ids = _warm_sample_ids(stage / TOKENIZER_FILE, max(serving.buckets))

@@ -4,6 +4,9 @@ import numpy as np
 import pytest
 
 from edge import warmup
+from edge.device import device_kind
+from edge.serving.shapes import BatchShapes
+from edge.settings import ServingSettings
 
 SERVING = {
     "buckets": [16, 32, 64, 128, 256],
@@ -11,6 +14,11 @@ SERVING = {
     "max_batch_size": 32,
     "max_batch_tokens": 4096,
 }
+
+
+def shapes_for(serving: dict, engine) -> BatchShapes:
+    """The shapes boot derives for ``engine`` from these package settings."""
+    return BatchShapes(ServingSettings.model_validate(serving), kind=device_kind(engine.device))
 
 
 class RecordingEngine:
@@ -25,28 +33,8 @@ class RecordingEngine:
         return np.ones((ids.shape[0], 4), dtype=np.float32)
 
 
-def test_cpu_plan_defaults_to_one_run_per_bucket_largest_first():
-    plan = warmup.warm_plan(SERVING, RecordingEngine("cpu"))
-    assert plan.shapes == [(1, 256), (1, 128), (1, 64), (1, 32), (1, 16)]
-    assert plan.repeats == 1
-
-
-def test_cuda_plan_covers_every_shape_within_token_budget():
-    plan = warmup.warm_plan(SERVING, RecordingEngine("cuda:0"))
-    expected = {(b, t) for t in SERVING["buckets"] for b in SERVING["batch_sizes"] if b * t <= 4096}
-    assert set(plan.shapes) == expected
-    assert plan.shapes[0][0] * plan.shapes[0][1] == plan.largest_tokens() == 4096
-    assert plan.repeats == 3
-
-
-def test_package_settings_override_defaults():
-    serving = {**SERVING, "warm": {"cpu": {"batch_sizes": [1, 4], "repeats": 2}}}
-    plan = warmup.warm_plan(serving, RecordingEngine("cpu"))
-    assert (4, 256) in plan.shapes and plan.repeats == 2
-
-
 def test_preallocate_bounds_rows_by_batch_tokens():
-    buffers = warmup.preallocate(SERVING, RecordingEngine("cpu"), pad_id=0)
+    buffers = warmup.preallocate(shapes_for(SERVING, RecordingEngine("cpu")), RecordingEngine("cpu"), pad_id=0)
     assert sorted(buffers) == SERVING["buckets"]
     ids, mask = buffers[256]
     assert ids.shape == mask.shape == (16, 256)  # 4096 tokens // 256
@@ -57,10 +45,10 @@ def test_preallocate_bounds_rows_by_batch_tokens():
 def test_warm_buckets_runs_views_of_the_preallocated_buffers():
     engine = RecordingEngine("cpu")
     serving = {**SERVING, "warm": {"cpu": {"batch_sizes": [1, 2], "repeats": 2}}}
-    buffers = warmup.preallocate(serving, engine)
-    plan = warmup.warm_plan(serving, engine)
-    info = warmup.warm_buckets(engine, plan, list(range(1, 300)), buffers)
-    assert info["runs"] == len(engine.calls) == 2 * len(plan.shapes) and info["inputs"] == "buffers"
+    shapes = shapes_for(serving, engine)
+    buffers = warmup.preallocate(shapes, engine)
+    info = warmup.warm_buckets(engine, shapes, list(range(1, 300)), buffers)
+    assert info["runs"] == len(engine.calls) == 2 * len(shapes.warm_shapes()) and info["inputs"] == "buffers"
     assert all(is_view for _, _, is_view in engine.calls)
     assert engine.calls[0][0] == (2, 256) and engine.calls[0][1] == 512
     # masks are cleared afterwards, so stale rows never look like real tokens
@@ -73,16 +61,17 @@ def test_warm_buckets_rejects_bad_engine_output():
             return np.full((ids.shape[0], 4), np.nan, dtype=np.float32)
 
     engine = Broken()
-    buffers = warmup.preallocate(SERVING, engine)
+    shapes = shapes_for(SERVING, engine)
+    buffers = warmup.preallocate(shapes, engine)
     with pytest.raises(RuntimeError, match="warm-up of shape"):
-        warmup.warm_buckets(engine, warmup.warm_plan(SERVING, engine), [1, 2, 3], buffers)
+        warmup.warm_buckets(engine, shapes, [1, 2, 3], buffers)
 
 
 def test_warm_buckets_without_buffers_runs_fresh_padded_batches():
     engine = RecordingEngine("cpu")
-    plan = warmup.warm_plan(SERVING, engine)
-    info = warmup.warm_buckets(engine, plan, [101, 7, 8, 102])
-    assert info["inputs"] == "numpy" and info["runs"] == len(plan.shapes)
+    shapes = shapes_for(SERVING, engine)
+    info = warmup.warm_buckets(engine, shapes, [101, 7, 8, 102])
+    assert info["inputs"] == "numpy" and info["runs"] == len(shapes.warm_shapes())
     # 4 real tokens per row whatever the bucket; fresh arrays, not views
     assert all(mask_sum == 4 and not is_view for _, mask_sum, is_view in engine.calls)
 
@@ -94,10 +83,10 @@ def test_warm_buckets_prefers_the_engines_native_inputs():
             return True
 
     engine = Native()
-    plan = warmup.warm_plan(SERVING, engine)
-    info = warmup.warm_buckets(engine, plan, list(range(1, 300)))
+    shapes = shapes_for(SERVING, engine)
+    info = warmup.warm_buckets(engine, shapes, list(range(1, 300)))
     assert info["inputs"] == "native"
-    assert engine.calls == [("native", b, t, t) for b, t in plan.shapes]
+    assert engine.calls == [("native", b, t, t) for b, t in shapes.warm_shapes()]
 
 
 def test_warm_buckets_rejects_bad_native_output():
@@ -107,4 +96,4 @@ def test_warm_buckets_rejects_bad_native_output():
 
     engine = BadNative()
     with pytest.raises(RuntimeError, match="warm-up of shape 1x256"):
-        warmup.warm_buckets(engine, warmup.warm_plan(SERVING, engine), [1, 2, 3])
+        warmup.warm_buckets(engine, shapes_for(SERVING, engine), [1, 2, 3])

@@ -125,12 +125,11 @@ class OrtEngine:
     def _resolve(device: str, providers: list[str], tensorrt: bool) -> tuple[str, list[str], int]:
         has_cuda = "CUDAExecutionProvider" in providers
         has_trt = "TensorrtExecutionProvider" in providers
+        from edge.device import resolve_device
+
+        device = resolve_device(device, has_cuda)
         if device == "cpu":
             return "cpu", [], 0
-        if device == "auto":
-            if not has_cuda:
-                return "cpu", [], 0
-            device = "cuda"
         if device == "cuda" or device.startswith("cuda:"):
             if not has_cuda:
                 raise _fail(f"device {device!r} asked for, but this ONNX Runtime build offers {providers}",

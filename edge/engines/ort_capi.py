@@ -182,7 +182,9 @@ class OrtError(Exception):
 
 def find_library() -> Path:
     """``$EDGE_ORT_LIBRARY``, else the C library inside the installed onnxruntime wheel."""
-    explicit = os.environ.get("EDGE_ORT_LIBRARY")
+    from edge.settings import ort_library_override
+
+    explicit = ort_library_override()
     if explicit:
         return Path(explicit)
     spec = importlib.util.find_spec("onnxruntime")  # locates the package without importing it

@@ -96,10 +96,11 @@ class TorchScriptEngine:
 
     @staticmethod
     def _resolve(torch, device: str) -> str:
+        from edge.device import resolve_device
+
+        device = resolve_device(device, torch.cuda.is_available())
         if device == "cpu":
             return "cpu"
-        if device == "auto":
-            return "cuda:0" if torch.cuda.is_available() else "cpu"
         if device == "cuda" or device.startswith("cuda:"):
             if not torch.cuda.is_available():
                 raise EngineError(f"device {device!r} asked for, but torch {torch.__version__} sees no CUDA device",

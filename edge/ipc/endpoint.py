@@ -17,9 +17,11 @@ __all__ = ["default_bind_address", "ipc_path", "prepare_ipc_path", "remove_ipc_f
 
 def default_bind_address(env: dict | None = None) -> str:
     """``$EDGE_ADDRESS``, else ``ipc://$XDG_RUNTIME_DIR/edge/edge.sock``, else ``ipc:///run/edge/edge.sock``."""
+    from edge.settings import env_address
+
     env = os.environ if env is None else env
-    if env.get("EDGE_ADDRESS"):
-        return env["EDGE_ADDRESS"]
+    if env_address(env):
+        return env_address(env)
     base = env.get("XDG_RUNTIME_DIR")
     return f"ipc://{os.path.join(base, 'edge')}/edge.sock" if base else "ipc:///run/edge/edge.sock"
 

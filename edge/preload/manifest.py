@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from edge.errors import ErrorCode, PackageError
-from edge.preload.schema import Invalid, dict_of, integer, list_of, number, one_of, sha256_hex, string
+from edge.preload.schema import FrozenRecord, Invalid, Record, dict_of, integer, list_of, one_of, sha256_hex, string
+from edge.settings import ServingSettings
 
 __all__ = [
     "FORMAT_VERSION",
@@ -27,8 +28,7 @@ __all__ = [
     "TOKENIZER_FILE",
     "FileEntry",
     "TensorSpec",
-    "Serving",
-    "Manifest",
+        "Manifest",
     "ModelPackage",
     "open_package",
     "sha256_file",
@@ -42,56 +42,7 @@ TOKENIZER_FILE = "tokenizer.fb"
 DTYPES = ("int64", "int32", "float32", "float16")
 
 
-class _Record:
-    """Fields in ``__slots__``, set by keyword or position; equality and repr by field.
-
-    What ``dataclasses`` would generate, without its import (``inspect``, ``ast``:
-    about 20 ms on the boot's serial start, before the engine thread can begin).
-    ``_defaults`` maps a field to a zero-argument factory.
-    """
-
-    __slots__ = ()
-    _defaults: dict = {}
-
-    def __init__(self, *args, **kwargs) -> None:
-        if len(args) > len(self.__slots__):
-            raise TypeError(f"{type(self).__name__} takes at most {len(self.__slots__)} fields")
-        kwargs.update(zip(self.__slots__, args))
-        unknown = set(kwargs) - set(self.__slots__)
-        if unknown:
-            raise TypeError(f"{type(self).__name__}: unknown field(s) {sorted(unknown)}")
-        for name in self.__slots__:
-            if name in kwargs:
-                value = kwargs[name]
-            elif name in self._defaults:
-                value = self._defaults[name]()
-            else:
-                raise TypeError(f"{type(self).__name__}: field {name!r} required")
-            object.__setattr__(self, name, value)
-
-    def _values(self) -> tuple:
-        return tuple(getattr(self, n) for n in self.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._values() == other._values()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
-
-    __hash__ = None  # mutable records, like a non-frozen dataclass
-
-
-class _FrozenRecord(_Record):
-    __slots__ = ()
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-
-class FileEntry(_FrozenRecord):
+class FileEntry(FrozenRecord):
     __slots__ = ("sha256", "size")  # hex digest; bytes
 
     @classmethod
@@ -100,7 +51,7 @@ class FileEntry(_FrozenRecord):
         return cls(sha256_hex(d.get("sha256"), f"{where}.sha256"), integer(d.get("size"), f"{where}.size", ge=0))
 
 
-class TensorSpec(_FrozenRecord):
+class TensorSpec(FrozenRecord):
     # name; dtype: one of DTYPES; shape: ints, or names of symbolic dims ("batch", "sequence")
     __slots__ = ("name", "dtype", "shape")
 
@@ -114,61 +65,6 @@ class TensorSpec(_FrozenRecord):
         return cls(string(d.get("name"), f"{where}.name"), one_of(d.get("dtype"), DTYPES, f"{where}.dtype"), shape)
 
 
-def _ascending(v: object, where: str) -> list[int]:
-    items = [integer(x, f"{where}.{i}", ge=1) for i, x in enumerate(list_of(v, where))]
-    if not items or items != sorted(set(items)):
-        raise Invalid(where, "must be non-empty, positive and strictly ascending")
-    return items
-
-
-class Serving(_Record):
-    """Package settings used by warm-up and the scheduler."""
-
-    __slots__ = ("buckets", "batch_sizes", "max_batch_size", "max_batch_tokens", "max_delay_ms",
-                 "max_queue_requests", "max_queue_tokens", "warm_sample_ids", "extra")
-    _defaults = {
-        "buckets": lambda: [16, 32, 64, 128, 256],  # tokens per row, ascending
-        "batch_sizes": lambda: [1, 2, 4, 8, 16, 32],  # rows warmed per bucket
-        "max_batch_size": lambda: 32,  # rows
-        "max_batch_tokens": lambda: 8192,  # rows x bucket length
-        "max_delay_ms": lambda: 2.0,  # oldest request's wait before a partial batch goes
-        "max_queue_requests": lambda: 1024,
-        "max_queue_tokens": lambda: 262144,
-        # The warm-up's input: a text tokenized on the build host by this package's own
-        # tokenizer (edge.warmup.WARM_TEXT). With it, boot warms up without waiting for the
-        # tokenizer to load; None (older packages): boot tokenizes the text itself.
-        "warm_sample_ids": lambda: None,
-        "extra": dict,  # settings newer writers add (e.g. "warm")
-    }
-
-    @classmethod
-    def model_validate(cls, d: object, where: str = "serving") -> "Serving":
-        d = dict(dict_of(d, where))
-        known = {}
-        for name in ("buckets", "batch_sizes"):
-            if name in d:
-                known[name] = _ascending(d.pop(name), f"{where}.{name}")
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens"):
-            if name in d:
-                known[name] = integer(d.pop(name), f"{where}.{name}", ge=1)
-        if "max_delay_ms" in d:
-            known["max_delay_ms"] = number(d.pop("max_delay_ms"), f"{where}.max_delay_ms", ge=0)
-        if d.get("warm_sample_ids") is not None:
-            ids = list_of(d.pop("warm_sample_ids"), f"{where}.warm_sample_ids")
-            if not ids:
-                raise Invalid(f"{where}.warm_sample_ids", "must not be empty")
-            known["warm_sample_ids"] = [integer(x, f"{where}.warm_sample_ids.{i}", ge=0) for i, x in enumerate(ids)]
-        d.pop("warm_sample_ids", None)
-        return cls(**known, extra=d)
-
-    def model_dump(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__slots__ if k != "extra"}
-        if out["warm_sample_ids"] is None:
-            del out["warm_sample_ids"]
-        out = {k: list(v) if isinstance(v, list) else v for k, v in out.items()}
-        return {**out, **self.extra}
-
-
 def _check_across(m: "Manifest") -> "Manifest":
     """The checks that span fields: the warm-up ids against the vocabulary and the length."""
     ids = m.serving.warm_sample_ids
@@ -180,7 +76,7 @@ def _check_across(m: "Manifest") -> "Manifest":
     return m
 
 
-class Manifest(_Record):
+class Manifest(Record):
     __slots__ = (
         "format_version",  # int
         "name",  # str
@@ -196,7 +92,7 @@ class Manifest(_Record):
         "normalize",  # bool
         "vocab_size",  # int: rows of the word-embedding table in this package
         "engines",  # dict[str, dict]: engine name -> {"files": [...], ...}
-        "serving",  # Serving
+        "serving",  # ServingSettings: the only source of serving defaults
         "source",  # dict
         "tool_versions",  # dict[str, str]
         "nondeterministic",  # dict[str, str]: file -> why two exports differ
@@ -236,7 +132,7 @@ class Manifest(_Record):
             normalize=one_of(need("normalize"), (True, False), "normalize"),
             vocab_size=integer(need("vocab_size"), "vocab_size", ge=1),
             engines={k: dict_of(v, f"engines.{k}") for k, v in dict_of(need("engines"), "engines").items()},
-            serving=Serving.model_validate(need("serving")),
+            serving=ServingSettings.model_validate(need("serving")),
             source=dict_of(need("source"), "source"),
             tool_versions={k: string(v, f"tool_versions.{k}") for k, v in dict_of(need("tool_versions"), "tool_versions").items()},
             nondeterministic={k: string(v, f"nondeterministic.{k}") for k, v in dict_of(take("nondeterministic", {}), "nondeterministic").items()},
@@ -248,9 +144,6 @@ class Manifest(_Record):
         """File name of the compiled tokenizer."""
         return TOKENIZER_FILE
 
-    def serving_dict(self) -> dict:
-        """The serving settings as a plain dict (warm-up and the scheduler read these)."""
-        return self.serving.model_dump()
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["Invalid", "dict_of", "list_of", "string", "integer", "number", "one_of", "sha256_hex"]
+__all__ = ["Record", "FrozenRecord", "Invalid", "dict_of", "list_of", "string", "integer", "number", "one_of", "sha256_hex"]
 
 _HEX = frozenset("0123456789abcdef")  # a set, not a regex: ``re`` would cost boot 10 ms of import
 
@@ -74,3 +74,52 @@ def sha256_hex(v: object, where: str) -> str:
     if not isinstance(v, str) or len(v) != 64 or not _HEX.issuperset(v):
         raise Invalid(where, "expected 64 lowercase hex digits (sha256)")
     return v
+
+
+class Record:
+    """Fields in ``__slots__``, set by keyword or position; equality and repr by field.
+
+    What ``dataclasses`` would generate, without its import (``inspect``, ``ast``:
+    about 20 ms on the boot's serial start, before the engine thread can begin).
+    ``_defaults`` maps a field to a zero-argument factory.
+    """
+
+    __slots__ = ()
+    _defaults: dict = {}
+
+    def __init__(self, *args, **kwargs) -> None:
+        if len(args) > len(self.__slots__):
+            raise TypeError(f"{type(self).__name__} takes at most {len(self.__slots__)} fields")
+        kwargs.update(zip(self.__slots__, args))
+        unknown = set(kwargs) - set(self.__slots__)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown field(s) {sorted(unknown)}")
+        for name in self.__slots__:
+            if name in kwargs:
+                value = kwargs[name]
+            elif name in self._defaults:
+                value = self._defaults[name]()
+            else:
+                raise TypeError(f"{type(self).__name__}: field {name!r} required")
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, n) for n in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._values() == other._values()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
+
+    __hash__ = None  # mutable records, like a non-frozen dataclass
+
+
+class FrozenRecord(Record):
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __hash__(self) -> int:
+        return hash(self._values())

@@ -30,7 +30,7 @@ from edge.preload.tokenizer_fb.TruncationSide import TruncationSide
 from edge.preload.tokenizer_models import BPE, VocabTable, WordPiece
 from edge.preload.tokenizer_text import AddedTokenSplitter, ByteLevelSplitter, CharMap, SplitClasses, _RangeTable
 
-__all__ = ["Tokenizer", "Encoding", "EncodedBatch", "FORMAT_VERSION", "FILE_IDENTIFIER"]
+__all__ = ["load_tokenizer", "Tokenizer", "Encoding", "EncodedBatch", "FORMAT_VERSION", "FILE_IDENTIFIER"]
 
 FORMAT_VERSION = 1
 FILE_IDENTIFIER = b"EDTK"
@@ -239,3 +239,8 @@ class Tokenizer:
         kind = "WordPiece" if isinstance(self.model, WordPiece) else "BPE"
         pruned = f", pruned from {self.original_vocab_size}" if self.original_ids is not None else ""
         return f"<Tokenizer {kind} vocab={self.vocab_size}{pruned} {self.name}>"
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Map a compiled tokenizer file (boot's ``load_tokenizer`` stage); raises TokenizerError."""
+    return Tokenizer.open(path)

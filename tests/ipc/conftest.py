@@ -8,7 +8,9 @@ import tempfile
 import pytest
 
 from edge.ipc.client import EdgeClient
+from edge.ipc.protocol import Lineage
 from edge.ipc.server import IpcServer
+from edge.serving.core import ServingCore
 from ipc_fakes import FakeEngine, FakeTokenizer
 
 SERVING = {
@@ -35,13 +37,12 @@ def sock_dir():
 def make_server(sock_dir):
     servers: list[IpcServer] = []
 
-    def make(engine=None, serving=None, name="edge.sock", start=True, **kw) -> IpcServer:
-        kw.setdefault("max_seq_length", MAX_SEQ)
-        kw.setdefault("lineage", LINEAGE)
-        server = IpcServer(
-            bind=f"ipc://{sock_dir}/run/{name}", engine=engine or FakeEngine(), tokenizer=FakeTokenizer(),
-            serving={**SERVING, **(serving or {})}, **kw,
-        )
+    def make(engine=None, serving=None, name="edge.sock", start=True, max_seq_length=MAX_SEQ, lineage=LINEAGE,
+             **kw) -> IpcServer:
+        engine = engine or FakeEngine()
+        core = ServingCore(engine, FakeTokenizer(), {**SERVING, **(serving or {})}, max_seq_length=max_seq_length)
+        lineage = Lineage(**lineage, engine=engine.name, device=engine.device)  # as boot builds it
+        server = IpcServer(f"ipc://{sock_dir}/run/{name}", core, lineage, **kw)
         servers.append(server)
         if start:
             server.bind()

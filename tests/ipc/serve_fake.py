@@ -14,7 +14,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from edge.ipc.protocol import Lineage  # noqa: E402
 from edge.ipc.server import IpcServer  # noqa: E402
+from edge.serving.core import ServingCore  # noqa: E402
 from ipc_fakes import FakeEngine, FakeTokenizer  # noqa: E402
 
 SERVING = {"buckets": [8, 16, 32, 64], "max_batch_size": 8, "max_batch_tokens": 256, "max_delay_ms": 2.0,
@@ -27,12 +29,10 @@ def main() -> int:
     ap.add_argument("--sleep-ms", type=float, default=0.0)
     ap.add_argument("--drain-timeout", type=float, default=10.0)
     args = ap.parse_args()
-    server = IpcServer(
-        bind=args.bind, engine=FakeEngine(sleep_s=args.sleep_ms / 1000.0), tokenizer=FakeTokenizer(),
-        serving=SERVING, max_seq_length=64, drain_timeout_s=args.drain_timeout,
-        lineage={"model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64, "package_sha256": "p" * 64},
-        timeline=lambda: {"ready_ms": 1.0},
-    )
+    core = ServingCore(FakeEngine(sleep_s=args.sleep_ms / 1000.0), FakeTokenizer(), SERVING, max_seq_length=64)
+    lineage = Lineage(model_sha256="m" * 64, tokenizer_sha256="t" * 64, package_sha256="p" * 64)
+    server = IpcServer(args.bind, core, lineage, timeline=lambda: {"ready_ms": 1.0},
+                       drain_timeout_s=args.drain_timeout)
     server.bind()
     server.start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_drain())

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-import types
 
 import numpy as np
 import pytest
 
-import edge
 from edge import cli
 from edge.errors import ErrorCode, FlowError
 from ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding
@@ -46,14 +44,25 @@ def test_health_exit_codes(make_server, capsys, sock_dir):
     assert rc == 2 and out is None and "no reply" in err
 
 
-def test_serve_forwards_argv_to_boot(monkeypatch):
+def test_serve_execs_the_device_command_line(monkeypatch):
+    """`edge serve` becomes `python -S -m edge.boot ARGS` (the bundle's command), with the module path set."""
+    import os
+
+    from edge.launch import boot_argv, boot_pythonpath
+
     seen = []
-    fake = types.ModuleType("edge.boot")
-    fake.main = lambda argv: seen.append(argv) or 7
-    monkeypatch.setitem(sys.modules, "edge.boot", fake)
-    monkeypatch.setattr(edge, "boot", fake, raising=False)
-    assert cli.main(["serve", "--package", "/p", "--engine", "onnxruntime"]) == 7
-    assert seen == [["--package", "/p", "--engine", "onnxruntime"]]
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.append((path, argv, env)))
+    assert cli.main(["serve", "--package", "/p", "--engine", "onnxruntime"]) == 0
+    (path, argv, env), = seen
+    assert path == sys.executable and argv == [*boot_argv(), "--package", "/p", "--engine", "onnxruntime"]
+    assert env["PYTHONPATH"].split(os.pathsep)[: len(boot_pythonpath())] == boot_pythonpath()
+
+
+def test_serve_refuses_bad_flags_before_any_build(monkeypatch, capsys):
+    monkeypatch.setattr("edge.default_package.ensure_default_package", lambda p: pytest.fail("built a package"))
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["serve", "--engine", "nope"])
+    assert ei.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 def test_client_timeout_resets_connection(make_server, make_client):

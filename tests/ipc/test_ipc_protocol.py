@@ -10,6 +10,7 @@ import pytest
 
 from edge.errors import ErrorCode
 from edge.ipc import protocol as P
+from edge.ipc.validate import parse_request
 
 E = ErrorCode
 
@@ -20,7 +21,7 @@ def frames(mtype="infer", body=None, v=1, enc=P.MSGPACK):
 
 def code_of(fr, limits=P.Limits()):
     with pytest.raises(P.ProtocolError) as ei:
-        P.parse_request(fr, limits)
+        parse_request(fr, limits)
     return ei.value.code
 
 
@@ -34,18 +35,18 @@ def test_header_bytes_are_exact():
 
 
 def test_parse_infer_defaults_and_options():
-    mtype, m = P.parse_request(frames("infer", {"texts": ["a b", "c"]}))
+    mtype, m = parse_request(frames("infer", {"texts": ["a b", "c"]}))
     assert mtype == "infer" and m == P.InferMsg(["a b", "c"], None, None, 1, True)
-    _, m = P.parse_request(frames("infer", {"texts": ["x"], "request_id": "r1", "deadline_ms": 50, "priority": 0, "truncate": False}))
+    _, m = parse_request(frames("infer", {"texts": ["x"], "request_id": "r1", "deadline_ms": 50, "priority": 0, "truncate": False}))
     assert (m.request_id, m.deadline_ms, m.priority, m.truncate) == ("r1", 50.0, 0, False)
-    _, m = P.parse_request(frames("infer", {"texts": ["x"], "request_id": 7}, enc=P.JSON))
+    _, m = parse_request(frames("infer", {"texts": ["x"], "request_id": 7}, enc=P.JSON))
     assert m.request_id == 7
 
 
 @pytest.mark.parametrize("mtype,body", [("health", {}), ("stats", {}), ("cancel", {"request_id": "a"})])
 def test_parse_other_types(mtype, body):
     for enc in (P.MSGPACK, P.JSON):
-        t, m = P.parse_request(frames(mtype, body, enc=enc))
+        t, m = parse_request(frames(mtype, body, enc=enc))
         assert t == mtype
 
 
@@ -116,7 +117,7 @@ def test_frame_too_large_checked_before_decoding():
 
 def test_error_carries_request_id_when_known():
     with pytest.raises(P.ProtocolError) as ei:
-        P.parse_request(frames("infer", {"texts": [""], "request_id": "abc"}))
+        parse_request(frames("infer", {"texts": [""], "request_id": "abc"}))
     assert ei.value.request_id == "abc" and ei.value.code == E.EMPTY_TEXT
 
 

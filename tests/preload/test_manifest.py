@@ -179,8 +179,8 @@ def test_load_engine_refuses_a_truncated_package(minilm_package, tmp_path):
 def test_warm_sample_ids_are_optional_and_round_trip(minilm_package, tmp_path):
     pkg = open_package(minilm_package, verify="none")
     ids = pkg.manifest.serving.warm_sample_ids
-    assert ids and pkg.manifest.serving_dict()["warm_sample_ids"] == ids
+    assert ids and pkg.manifest.serving.warm_sample_ids == ids
     root = clone(minilm_package, tmp_path / "old")
     rewrite_manifest(root, lambda d: d["serving"].pop("warm_sample_ids"))  # a package from before the field
     old = open_package(root, verify="none").manifest
-    assert old.serving.warm_sample_ids is None and "warm_sample_ids" not in old.serving_dict()
+    assert old.serving.warm_sample_ids is None and "warm_sample_ids" not in old.serving.model_dump()

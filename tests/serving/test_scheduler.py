@@ -8,22 +8,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge.scheduler import BucketScheduler, Job
+from edge.serving.request import Request
+from edge.serving.scheduler import BucketScheduler
+from edge.serving.shapes import BatchShapes
+from edge.settings import ServingSettings
 
 BUCKETS = [16, 32, 64, 128, 256]
+
+
+def scheduler(**kw) -> BucketScheduler:
+    """A scheduler over the shapes of these settings (the rest at their defaults)."""
+    return BucketScheduler(BatchShapes(ServingSettings(buckets=BUCKETS, **kw)))
 
 
 def sched(**kw) -> BucketScheduler:
     args = dict(max_batch_size=4, max_batch_tokens=8192, max_delay_ms=2.0)
     args.update(kw)
-    s = BucketScheduler(BUCKETS, **args)
+    s = scheduler(**args)
     s.batch_done(0.0)  # the engine has run once: arrivals after t=0 find it idle
     return s
 
 
-def job(s: BucketScheduler, lengths, t, *, deadline=None, priority=1, add=True) -> Job:
+def job(s: BucketScheduler, lengths, t, *, deadline=None, priority=1, add=True) -> Request:
     ids = [np.arange(n, dtype=np.int64) for n in lengths]
-    j = Job(ids, [s.bucket_for(n) for n in lengths], t, deadline=deadline, priority=priority)
+    j = Request(ids, [s.shapes.bucket_for(n) for n in lengths], t, deadline=deadline, priority=priority)
     if add:
         s.add(j)
     return j
@@ -32,18 +40,6 @@ def job(s: BucketScheduler, lengths, t, *, deadline=None, priority=1, add=True) 
 def busy(s: BucketScheduler, until: float) -> None:
     """Pretend a batch ran until ``until``: jobs that arrived before then did not find the engine idle."""
     s.batch_done(until)
-
-
-def test_bucket_for_is_smallest_that_fits():
-    s = sched()
-    assert [s.bucket_for(n) for n in (1, 16, 17, 32, 33, 255, 256)] == [16, 16, 32, 32, 64, 256, 256]
-    assert s.bucket_for(257) is None
-
-
-def test_caps_bounded_by_batch_tokens_and_rows():
-    s = BucketScheduler(BUCKETS, max_batch_size=32, max_batch_tokens=4096, rows={16: 8})
-    assert s.caps == {16: 8, 32: 32, 64: 32, 128: 32, 256: 16}
-    assert BucketScheduler([512], max_batch_size=4, max_batch_tokens=100).caps == {512: 1}  # never 0
 
 
 def test_idle_engine_dispatches_at_once():
@@ -79,7 +75,7 @@ def test_full_bucket_dispatches_before_max_delay():
     busy(s, 5.0)
     jobs = [job(s, [10], t=4.0 + i * 1e-4) for i in range(6)]
     bucket, parts = s.next_batch(4.0006)  # full: 6 queued, cap 4
-    assert bucket == 16 and [p.job for p in parts] == jobs[:4]
+    assert bucket == 16 and [p.request for p in parts] == jobs[:4]
     assert s.next_batch(4.0006) is None  # 2 left, not full, not old enough
     assert s.next_wakeup(4.0006) == pytest.approx(4.0004 + 0.002 - 4.0006)
 
@@ -89,7 +85,7 @@ def test_max_batch_tokens_bounds_batch():
     busy(s, 10.0)
     for i in range(5):
         job(s, [200], t=1.0 + i)
-    assert s.caps[256] == 2
+    assert s.shapes.rows(256) == 2
     sizes = []
     while (b := s.next_batch(10.0)) is not None:
         sizes.append(len(b[1]))
@@ -104,7 +100,7 @@ def test_oldest_deadline_first_across_buckets():
     c = job(s, [100], t=0.5)  # no deadline: ordered as arrival + 30 s
     order = []
     while (batch := s.next_batch(4.0)) is not None:  # all have waited > max_delay
-        order.append(batch[1][0].job)
+        order.append(batch[1][0].request)
     assert order == [b, a, c]
 
 
@@ -134,9 +130,9 @@ def test_priority_orders_parts_within_bucket():
     mid = job(s, [10], t=1.1, priority=1)
     high = job(s, [10], t=1.2, priority=0)
     _, parts = s.next_batch(5.0)
-    assert [p.job for p in parts] == [high, mid]
+    assert [p.request for p in parts] == [high, mid]
     _, parts = s.next_batch(5.0)
-    assert [p.job for p in parts] == [low]
+    assert [p.request for p in parts] == [low]
 
 
 def test_expired_jobs_are_dropped_before_running():
@@ -147,10 +143,10 @@ def test_expired_jobs_are_dropped_before_running():
     assert s.next_wakeup(1.0) == pytest.approx(0.002)
     assert s.expire(1.4) == []
     assert s.expire(1.5) == [j1]
-    assert j1.done and s.parts == 1 and s.tokens == 16
+    assert j1.finished and s.parts == 1 and s.tokens == 16
     assert s.queued(64) == 0
     _, parts = s.next_batch(2.0)
-    assert [p.job for p in parts] == [j2]
+    assert [p.request for p in parts] == [j2]
 
 
 def test_partly_run_job_still_expires_and_fully_run_job_does_not():
@@ -169,11 +165,11 @@ def test_drop_removes_queued_parts_only_once():
     busy(s, 10.0)
     j = job(s, [10, 10, 40], t=1.0)
     other = job(s, [10], t=1.0)
-    assert s.drop(j) == 3 and j.done
+    assert s.drop(j) == 3 and j.finished
     assert s.drop(j) == 0
     assert s.parts == 1 and s.tokens == 16
     _, parts = s.next_batch(2.0)
-    assert [p.job for p in parts] == [other]
+    assert [p.request for p in parts] == [other]
 
 
 def test_next_wakeup_blocks_when_empty():
@@ -203,13 +199,13 @@ def test_next_wakeup_blocks_when_empty():
 )
 def test_every_part_leaves_exactly_once(ops, max_batch, max_tokens):
     """Whatever the mix, each queued part is dispatched once or dropped with its job, never both."""
-    s = BucketScheduler(BUCKETS, max_batch_size=max_batch, max_batch_tokens=max_tokens, max_delay_ms=2.0)
+    s = scheduler(max_batch_size=max_batch, max_batch_tokens=max_tokens, max_delay_ms=2.0)
     t = 0.0
     dispatched: dict[int, int] = {}
     jobs = []
     for lengths, dl, prio, then in ops:
         t += 0.001
-        j = Job([np.zeros(n, np.int64) for n in lengths], [s.bucket_for(n) for n in lengths], t,
+        j = Request([np.zeros(n, np.int64) for n in lengths], [s.shapes.bucket_for(n) for n in lengths], t,
                 deadline=None if dl is None else t + dl, priority=prio)
         s.add(j)
         jobs.append(j)
@@ -217,8 +213,8 @@ def test_every_part_leaves_exactly_once(ops, max_batch, max_tokens):
             s.drop(j)
         s.expire(t)
         if then == "run" and (b := s.next_batch(t)) is not None:
-            assert len(b[1]) <= s.caps[b[0]]
-            assert all(p.bucket == b[0] and not p.job.done for p in b[1])
+            assert len(b[1]) <= s.shapes.rows(b[0])
+            assert all(p.bucket == b[0] and not p.request.finished for p in b[1])
             for p in b[1]:
                 dispatched[id(p)] = dispatched.get(id(p), 0) + 1
             s.batch_done(t)
@@ -228,10 +224,10 @@ def test_every_part_leaves_exactly_once(ops, max_batch, max_tokens):
         while (b := s.next_batch(t)) is not None:
             for p in b[1]:
                 dispatched[id(p)] = dispatched.get(id(p), 0) + 1
-    assert s.tokens == 0 and not s._jobs
+    assert s.tokens == 0 and not s._requests
     assert all(n == 1 for n in dispatched.values())
     for j in jobs:
         for p in j.parts:
             assert not p.queued
-            # j.done: dropped or expired (some parts may have run before); otherwise every part ran once
-            assert dispatched.get(id(p), 0) in ((0, 1) if j.done else (1,))
+            # j.finished: dropped or expired (some parts may have run before); otherwise every part ran once
+            assert dispatched.get(id(p), 0) in ((0, 1) if j.finished else (1,))

@@ -1,0 +1,81 @@
+"""The serving core, built in one place: shapes, admission, scheduler, engine loop, metrics.
+
+The transport (``edge/ipc/server.py``) owns sockets and replies; it hands admitted requests to
+this core and reads results from its outbox. Nothing here knows about ZeroMQ, so the core runs
+the same under the socket server, a benchmark or a test.
+
+Owners: the shapes are read-only; admission's counters belong to the I/O thread (the transport
+calls it); the scheduler's queue, the engine and the buffers belong to the engine loop's thread;
+the metrics take a lock of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from edge.device import device_kind
+from edge.serving.admission import Admission
+from edge.serving.engine_loop import EngineLoop, allocate_buffers
+from edge.serving.metrics import Metrics
+from edge.serving.request import Admit, Cancel, Request
+from edge.serving.scheduler import BucketScheduler
+from edge.serving.shapes import BatchShapes
+from edge.settings import ServingSettings
+
+__all__ = ["ServingCore"]
+
+
+class ServingCore:
+    def __init__(self, engine: Any, tokenizer: Any, settings: ServingSettings | dict | None = None, *,
+                 max_seq_length: int | None = None, buffers: dict | None = None,
+                 shapes: BatchShapes | None = None) -> None:
+        """``settings``: the package's record (a dict is validated into one, as a manifest's is).
+        ``buffers``: input buffers from ``edge.warmup.preallocate`` (pinned on CUDA); made here
+        when not given. ``shapes``: the ones boot warmed with; derived here when not given."""
+        if shapes is None:
+            if not isinstance(settings, ServingSettings):
+                settings = ServingSettings.model_validate(settings or {})
+            shapes = BatchShapes(settings, max_seq_length=max_seq_length, kind=device_kind(engine.device))
+        self.shapes = shapes
+        self.engine = engine
+        self.metrics = Metrics(shapes.buckets)
+        self.admission = Admission(tokenizer, shapes)
+        self.scheduler = BucketScheduler(shapes)
+        self.loop = EngineLoop(engine, self.scheduler, pad_id=getattr(tokenizer, "pad_id", 0),
+                               buffers=buffers if buffers is not None else allocate_buffers(shapes),
+                               metrics=self.metrics)
+        self.outbox = self.loop.outbox
+        self._thread: threading.Thread | None = None
+
+    def start(self, wake) -> None:
+        """Start the engine loop's thread; ``wake()`` is called after each message put in the outbox."""
+        self.loop.wake = wake
+        self._thread = threading.Thread(target=self.loop.run, name="edge-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> bool:
+        """Stop the loop; True once its thread has ended (an engine stuck in run() keeps it)."""
+        self.loop.stop()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # ---------------------------------------------------------------- I/O thread
+
+    def admit(self, texts: list[str], truncate: bool, arrival: float, **fields) -> Request:
+        """Tokenize, count against the queue bound and queue ``texts``; raises the request's error
+        (TOO_MANY_TOKENS, OVERLOADED) before anything is queued."""
+        request = self.admission.tokenize(texts, truncate, arrival, **fields)
+        self.admission.admit(request)  # raises OVERLOADED; nothing after it can fail
+        self.metrics.accepted(request.texts)
+        self.loop.submit(Admit(request))
+        return request
+
+    def cancel(self, target: Request, reply_to: Any) -> None:
+        self.loop.submit(Cancel(target, reply_to))
+
+    def release(self, request: Request) -> None:
+        """``request`` was answered: it leaves the queue bound."""
+        self.admission.release(request)

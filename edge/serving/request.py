@@ -1,0 +1,133 @@
+"""One record per request, and the small typed messages the serving threads exchange.
+
+A :class:`Request` is created by the I/O thread when an ``infer`` message is admitted and lives
+until its one reply is sent. It carries everything about the request (STYLE.md: TEI's
+``Entry``): where to reply, the trace id, the tokens and bucket of each text, the deadline and
+priority, and, filled by the engine loop, the outputs and the timings.
+
+Who writes which fields (each field has one writer thread)::
+
+    I/O thread, before Admit is queued   reply_to, trace_id, request_id, key, arrival, deadline,
+                                         priority, ids, tokens, buckets, truncated, cost, parts
+    engine loop (and its scheduler)      seq, eff_deadline, idle_arrival, Part.queued, remaining,
+                                         finished, out, queue_ms, compute_ms, last_batch
+
+The I/O thread reads the engine loop's fields only after the loop has handed the request back
+in a :class:`Finished` message; the deque the message travels through orders the writes.
+Whether a request has been *answered* is the I/O thread's alone: its table of requests in flight.
+
+Messages, I/O thread -> engine loop: :class:`Admit`, :class:`Cancel`.
+Engine loop -> I/O thread (its outbox): :class:`Finished`, :class:`Failed`, :class:`CancelOutcome`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["Part", "Request", "Admit", "Cancel", "Finished", "Failed", "CancelOutcome"]
+
+
+class Part:
+    """One text of a request: its token ids and the bucket they were queued in."""
+
+    __slots__ = ("request", "index", "ids", "bucket", "queued")
+
+    def __init__(self, request: "Request", index: int, ids: Any, bucket: int) -> None:
+        self.request = request
+        self.index = index  # position of the text in the request
+        self.ids = ids  # (n,) int64 with special tokens, n <= bucket
+        self.bucket = bucket  # tokens
+        self.queued = False  # in a scheduler queue (engine loop only)
+
+    @property
+    def arrival(self) -> float:
+        return self.request.arrival
+
+
+class Request:
+    """An infer request from admission to its reply (see the module docstring for owners)."""
+
+    __slots__ = (
+        # I/O thread, set before the request is handed over
+        "reply_to", "trace_id", "request_id", "key", "arrival", "deadline", "priority",
+        "ids", "tokens", "buckets", "truncated", "cost", "parts",
+        # engine loop
+        "seq", "eff_deadline", "idle_arrival", "remaining", "finished", "out", "queue_ms", "compute_ms",
+        "last_batch",
+    )
+
+    def __init__(self, ids: list, buckets: list[int], arrival: float, *, deadline: float | None = None,
+                 priority: int = 1, reply_to: Any = None, trace_id: str = "", request_id: Any = None,
+                 key: Any = None, truncated: list[bool] | None = None) -> None:
+        self.reply_to = reply_to  # the transport's return address (opaque here)
+        self.trace_id = trace_id  # 16 hex digits, in the reply and every log line about this request
+        self.request_id = request_id  # the client's id, or None
+        self.key = key  # the transport's key of this request in its table of requests in flight
+        self.arrival = arrival  # monotonic s, stamped on arrival at the socket
+        self.deadline = deadline  # monotonic s, or None
+        self.priority = priority  # 0 first .. 2 last
+        self.ids = ids  # per text: (n,) int64
+        self.tokens = [len(a) for a in ids]  # per text: n, specials included
+        self.buckets = list(buckets)  # per text: bucket (tokens)
+        self.truncated = list(truncated) if truncated is not None else [False] * len(ids)
+        self.cost = sum(self.buckets)  # padded tokens counted against the queue bound
+        self.parts = [Part(self, i, a, b) for i, (a, b) in enumerate(zip(ids, buckets))]
+        self.seq = 0  # arrival order in the scheduler
+        self.eff_deadline = math.inf  # deadline, or arrival + default; the scheduler's ordering key
+        self.idle_arrival = False  # arrived when no batch was running: dispatch at once
+        self.remaining = len(self.parts)  # texts not yet run
+        self.finished = False  # every text ran, or the request was dropped: its other parts are ignored
+        self.out = None  # (N, D) float32, allocated by the engine loop
+        self.queue_ms = 0.0  # longest wait of any text before its batch ran (ms)
+        self.compute_ms = 0.0  # sum of the engine times of the batches it was in (ms)
+        self.last_batch = -1  # number of the last batch it was in (counts compute_ms once per batch)
+
+    @property
+    def texts(self) -> int:
+        return len(self.parts)
+
+
+class Admit:
+    """Queue ``request`` for the engine."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+
+class Cancel:
+    """Drop ``target`` if it has not finished; answer ``reply_to`` (the cancel message's address)."""
+
+    __slots__ = ("target", "reply_to")
+
+    def __init__(self, target: Request, reply_to: Any) -> None:
+        self.target, self.reply_to = target, reply_to
+
+
+class Finished:
+    """Every text of ``request`` ran; its ``out``, ``queue_ms`` and ``compute_ms`` are final."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+
+
+class Failed:
+    """``request`` ends with error ``code`` (expired, cancelled, engine failure)."""
+
+    __slots__ = ("request", "code", "message")
+
+    def __init__(self, request: Request, code: Any, message: str) -> None:
+        self.request, self.code, self.message = request, code, message
+
+
+class CancelOutcome:
+    """The answer to a :class:`Cancel`: was ``target`` still queued or running when it came."""
+
+    __slots__ = ("reply_to", "target", "cancelled")
+
+    def __init__(self, reply_to: Any, target: Request, cancelled: bool) -> None:
+        self.reply_to, self.target, self.cancelled = reply_to, target, cancelled

@@ -1,0 +1,227 @@
+"""Every setting of the runtime, in one place: the serving record, the command line, ``EDGE_*``.
+
+* :class:`ServingSettings` is the package's ``serving`` section, validated once at boot. It is
+  the only source of serving defaults: the scheduler, admission, warm-up, preallocation and
+  the engine loop read it through :class:`edge.serving.shapes.BatchShapes`, never a table of
+  their own.
+* :func:`parse_serve_args` is ``edge serve``'s command line. An ``EDGE_*`` variable is the
+  default of its flag; a flag given wins.
+* The other ``EDGE_*`` variables, read by code that has no command line (the ORT library
+  override, the launcher's exec clock, the bundle's digest), are read here too, by name, from
+  :data:`ENVIRONMENT`.
+
+Imported at boot: standard library only (argparse is already paid for by the boot's
+command line), no dataclasses.
+"""
+
+from __future__ import annotations
+
+import os
+
+from edge.preload.schema import Invalid, Record, dict_of, integer, list_of, number
+
+__all__ = [
+    "ENVIRONMENT",
+    "ENGINES",
+    "DEFAULT_ENGINE",
+    "ServingSettings",
+    "serve_parser",
+    "parse_serve_args",
+    "env_address",
+    "ort_library_override",
+    "exec_boottime_hint_ns",
+    "bundle_sha256",
+]
+
+ENGINES = ("onnxruntime", "torchscript")
+DEFAULT_ENGINE = "onnxruntime"
+DEFAULT_DRAIN_TIMEOUT_S = 10.0  # SIGTERM to exit; systemd's TimeoutStopSec must exceed it
+DEFAULT_CUDA_RESERVE_MB = 512  # upper bound of the up-front CUDA reservation (MiB)
+
+# Every environment variable the runtime reads, and what it sets. docs/ lists the same.
+ENVIRONMENT = {
+    "EDGE_PACKAGE": "edge serve --package",
+    "EDGE_ENGINE": "edge serve --engine",
+    "EDGE_DEVICE": "edge serve --device",
+    "EDGE_BIND": "edge serve --bind",
+    "EDGE_TIMELINE": "edge serve --timeline",
+    "EDGE_VERIFY": "edge serve --verify",
+    "EDGE_DRAIN_TIMEOUT_S": "edge serve --drain-timeout",
+    "EDGE_CUDA_RESERVE_MB": "edge serve --cuda-reserve-mb",
+    "EDGE_LOG_LEVEL": "edge serve --log-level",
+    "EDGE_ADDRESS": "the clients' --connect default (and the server's when EDGE_BIND is unset)",
+    "EDGE_ORT_LIBRARY": "path of libonnxruntime.so to load instead of the one in the onnxruntime wheel",
+    "EDGE_EXEC_BOOTTIME_NS": "CLOCK_BOOTTIME (ns) just before exec, set by a launcher that timed it (edge-coldstart)",
+    "EDGE_BUNDLE_SHA256": "the bundle's digest, set in the bundle's config.json; replies carry it in their lineage",
+}
+
+
+def _env(name: str, env: dict | None = None) -> str | None:
+    if name not in ENVIRONMENT:  # a typo here would read a variable nobody documents
+        raise KeyError(f"{name} is not in edge.settings.ENVIRONMENT")
+    value = (os.environ if env is None else env).get(name)
+    return value or None
+
+
+# ------------------------------------------------------------------ serving
+
+
+def _ascending(v: object, where: str) -> list[int]:
+    items = [integer(x, f"{where}.{i}", ge=1) for i, x in enumerate(list_of(v, where))]
+    if not items or items != sorted(set(items)):
+        raise Invalid(where, "must be non-empty, positive and strictly ascending")
+    return items
+
+
+def _warm_overrides(v: object, where: str) -> dict:
+    """``{"cpu"|"cuda": {"batch_sizes": [..] | null, "repeats": n}}``, each key optional."""
+    out = {}
+    for kind, spec in dict_of(v, where).items():
+        if kind not in ServingSettings.WARM_DEFAULTS:
+            raise Invalid(f"{where}.{kind}", f"unknown device kind; known: {', '.join(ServingSettings.WARM_DEFAULTS)}")
+        spec = dict_of(spec, f"{where}.{kind}")
+        unknown = set(spec) - {"batch_sizes", "repeats"}
+        if unknown:
+            raise Invalid(f"{where}.{kind}.{sorted(unknown)[0]}", "unexpected field")
+        checked = {}
+        if spec.get("batch_sizes") is not None:
+            checked["batch_sizes"] = _ascending(spec["batch_sizes"], f"{where}.{kind}.batch_sizes")
+        elif "batch_sizes" in spec:
+            checked["batch_sizes"] = None
+        if "repeats" in spec:
+            checked["repeats"] = integer(spec["repeats"], f"{where}.{kind}.repeats", ge=1)
+        out[kind] = checked
+    return out
+
+
+class ServingSettings(Record):
+    """The package's serving settings (manifest ``serving``); every default is here."""
+
+    __slots__ = ("buckets", "batch_sizes", "max_batch_size", "max_batch_tokens", "max_delay_ms",
+                 "max_queue_requests", "max_queue_tokens", "default_deadline_ms", "warm", "warm_sample_ids",
+                 "extra")
+    _defaults = {
+        "buckets": lambda: [16, 32, 64, 128, 256],  # tokens per row, ascending
+        "batch_sizes": lambda: [1, 2, 4, 8, 16, 32],  # rows a batch may be padded up to (warmed on CUDA)
+        "max_batch_size": lambda: 32,  # rows per batch
+        "max_batch_tokens": lambda: 8192,  # rows x bucket length per batch (padded tokens)
+        "max_delay_ms": lambda: 2.0,  # oldest text's wait before a partial batch goes, engine busy (ms)
+        "max_queue_requests": lambda: 1024,  # texts (not requests) admitted and not yet answered
+        "max_queue_tokens": lambda: 262144,  # padded tokens (bucket lengths) admitted, not yet answered
+        "default_deadline_ms": lambda: 30_000.0,  # ordering key of a request without a deadline (ms)
+        "warm": dict,  # per device kind, overrides of WARM_DEFAULTS
+        # The warm-up's input: a text tokenized on the build host by this package's own
+        # tokenizer (edge.warmup.WARM_TEXT). With it, boot warms up without waiting for the
+        # tokenizer to load; None (older packages): boot tokenizes the text itself.
+        "warm_sample_ids": lambda: None,
+        "extra": dict,  # settings newer writers add; kept so model_dump round-trips them
+    }
+    # What warm-up runs per device kind. On a CPU kernels need no loading: one run per bucket
+    # at batch 1 pages the weights in and sizes the arena. TorchScript's profiling executor
+    # specialises after 2-3 calls (LAB.md), so CUDA runs each shape 3 times, at every batch
+    # size a batch can be padded to (None: ``batch_sizes``).
+    WARM_DEFAULTS = {
+        "cpu": {"batch_sizes": [1], "repeats": 1},
+        "cuda": {"batch_sizes": None, "repeats": 3},
+    }
+
+    @classmethod
+    def model_validate(cls, d: object, where: str = "serving") -> "ServingSettings":
+        d = dict(dict_of(d, where))
+        known = {}
+        for name in ("buckets", "batch_sizes"):
+            if name in d:
+                known[name] = _ascending(d.pop(name), f"{where}.{name}")
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens"):
+            if name in d:
+                known[name] = integer(d.pop(name), f"{where}.{name}", ge=1)
+        for name in ("max_delay_ms", "default_deadline_ms"):
+            if name in d:
+                known[name] = number(d.pop(name), f"{where}.{name}", ge=0)
+        if "warm" in d:
+            known["warm"] = _warm_overrides(d.pop("warm"), f"{where}.warm")
+        if d.get("warm_sample_ids") is not None:
+            ids = list_of(d.pop("warm_sample_ids"), f"{where}.warm_sample_ids")
+            if not ids:
+                raise Invalid(f"{where}.warm_sample_ids", "must not be empty")
+            known["warm_sample_ids"] = [integer(x, f"{where}.warm_sample_ids.{i}", ge=0) for i, x in enumerate(ids)]
+        d.pop("warm_sample_ids", None)
+        return cls(**known, extra=d)
+
+    def model_dump(self) -> dict:
+        """The JSON form the package builder writes (defaults included, empty overrides left out)."""
+        out = {k: getattr(self, k) for k in self.__slots__ if k != "extra"}
+        if out["warm_sample_ids"] is None:
+            del out["warm_sample_ids"]
+        if not out["warm"]:
+            del out["warm"]
+        out = {k: list(v) if isinstance(v, list) else v for k, v in out.items()}
+        return {**out, **self.extra}
+
+    def warm_for(self, kind: str) -> tuple[list[int], int]:
+        """(batch sizes, repeats) that warm-up runs per bucket on device kind ``kind``."""
+        spec = {**self.WARM_DEFAULTS[kind], **self.warm.get(kind, {})}
+        return list(spec["batch_sizes"] or self.batch_sizes), int(spec["repeats"])
+
+
+# ------------------------------------------------------------------ edge serve
+
+
+def serve_parser(env: dict | None = None):
+    """``edge serve``'s parser; each flag's default is its ``EDGE_*`` variable."""
+    import argparse
+
+    e = lambda name, default=None: _env(name, env) or default  # noqa: E731
+    p = argparse.ArgumentParser(prog="edge serve", description="Boot the runtime and serve ZeroMQ requests.")
+    p.add_argument("--package", default=e("EDGE_PACKAGE"),
+                   help="model package directory (env EDGE_PACKAGE; `edge serve` on a build host builds the "
+                        "default package when neither is given)")
+    p.add_argument("--engine", choices=ENGINES, default=e("EDGE_ENGINE", DEFAULT_ENGINE),
+                   help="inference engine (env EDGE_ENGINE)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=e("EDGE_DEVICE", "auto"),
+                   help="where the engine runs; auto picks CUDA when present (env EDGE_DEVICE)")
+    p.add_argument("--bind", default=e("EDGE_BIND") or e("EDGE_ADDRESS"),
+                   help="ZeroMQ address (default ipc:// under $XDG_RUNTIME_DIR or /run/edge; env EDGE_BIND, "
+                        "else EDGE_ADDRESS)")
+    p.add_argument("--timeline", default=e("EDGE_TIMELINE"),
+                   help="file for the boot timeline JSON (default: beside the ipc socket, else /tmp; env EDGE_TIMELINE)")
+    p.add_argument("--verify", choices=("full", "size"), default=e("EDGE_VERIFY", "full"),
+                   help="package check at boot: sha256 of the files the engine maps (overlapped with the engine "
+                        "import) or sizes only (env EDGE_VERIFY)")
+    p.add_argument("--drain-timeout", type=float, default=float(e("EDGE_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S)),
+                   help="seconds to finish in-flight requests after SIGTERM (env EDGE_DRAIN_TIMEOUT_S)")
+    p.add_argument("--cuda-reserve-mb", type=int, default=int(e("EDGE_CUDA_RESERVE_MB", DEFAULT_CUDA_RESERVE_MB)),
+                   help="device memory reserved up front on CUDA, MiB (env EDGE_CUDA_RESERVE_MB)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=e("EDGE_LOG_LEVEL", "info"),
+                   help="JSON log lines at this level and above; debug adds a line per reply (env EDGE_LOG_LEVEL)")
+    return p
+
+
+def parse_serve_args(argv: list[str] | None = None, env: dict | None = None):
+    return serve_parser(env).parse_args(argv)
+
+
+# ------------------------------------------------------------------ other EDGE_* variables
+
+
+def env_address(env: dict | None = None) -> str | None:
+    """The address clients connect to when no --connect is given."""
+    return _env("EDGE_ADDRESS", env)
+
+
+def ort_library_override(env: dict | None = None) -> str | None:
+    return _env("EDGE_ORT_LIBRARY", env)
+
+
+def exec_boottime_hint_ns(env: dict | None = None) -> int | None:
+    """A launcher's exec time (CLOCK_BOOTTIME ns), or None when absent or not an integer."""
+    value = _env("EDGE_EXEC_BOOTTIME_NS", env)
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def bundle_sha256(env: dict | None = None) -> str | None:
+    """The digest of the bundle this process runs from (None outside a bundle)."""
+    return _env("EDGE_BUNDLE_SHA256", env)

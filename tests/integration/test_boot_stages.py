@@ -1,0 +1,60 @@
+"""Every stage name in a boot timeline is the name of the function that runs it: grep lands on code."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import edge
+from edge.stages import Stages
+from edge.timeline import Timeline
+
+EDGE = Path(edge.__file__).parent
+# Measured by the kernel and the interpreter before any of our code runs: no function to name.
+NOT_A_FUNCTION = {"interpreter"}
+
+
+def definitions(name: str) -> list[str]:
+    """Places in edge/ that define a function or method ``name``."""
+    pattern = re.compile(rf"^\s*def {re.escape(name)}\(", re.M)
+    return [f"{p.relative_to(EDGE)}" for p in EDGE.rglob("*.py") if pattern.search(p.read_text())]
+
+
+def test_a_stage_is_named_after_its_function():
+    def load_something(x):
+        return x * 2
+
+    timeline = Timeline(exec_s=0.0)
+    assert Stages(timeline).run(load_something, 21, setting="--x") == 42
+    assert [s["stage"] for s in timeline.as_dict()["stages"]] == ["load_something"]
+
+
+def test_every_stage_boot_runs_names_a_function_in_edge():
+    """Both engines' paths, read from boot.py itself: each ``stages.run(fn, ...)``'s fn is defined in edge/."""
+    tree = ast.parse((EDGE / "boot.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            if callee == "run" and node.args:
+                first = node.args[0]
+                names.add(first.attr if isinstance(first, ast.Attribute) else getattr(first, "id", None))
+    assert None not in names
+    assert {"open_package", "select_engine", "import_engine", "verify_package", "load_engine", "warm_buckets",
+            "import_tokenizer", "load_tokenizer", "import_server", "bind", "start"} <= names, names
+    for name in names:
+        assert definitions(name), f"stage {name!r}: no `def {name}(` in edge/"
+
+
+@pytest.mark.process
+def test_a_real_timeline_greps_to_code(ort_runtime):
+    import json
+
+    record = json.loads((ort_runtime.workdir / "timeline.json").read_text())
+    stages = {s["stage"] for s in record["stages"]}
+    assert {"import_manifest", "load_engine", "warm_buckets", "bind", "start"} <= stages, stages
+    for name in stages - NOT_A_FUNCTION:
+        assert definitions(name), f"timeline stage {name!r}: no `def {name}(` in edge/"
