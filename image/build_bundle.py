@@ -34,6 +34,8 @@ from pathlib import Path
 
 from edge.launch import boot_argv, boot_pythonpath_of
 from image.bundle import cdi, oci_config, seccomp
+from image.bundle.digest import ENV_NAME as DIGEST_ENV
+from image.bundle.digest import bundle_digest, config_digest_entry
 from image.bundle.progress import Progress, human_bytes
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
 from image.bundle.trace import TraceError, trace_boot
@@ -162,6 +164,9 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         rootfs.make_mountpoints(config["mounts"])
         rootfs.write_etc(user[0], user[1], config["process"]["user"].get("additionalGids", []))
         has_ldcache = rootfs.ldconfig()
+        progress.spin("computing the bundle digest")
+        bundle_sha256 = bundle_digest(staging / "rootfs", config)
+        config["process"]["env"].append(f"{DIGEST_ENV}={bundle_sha256}")  # replies' lineage names the bundle
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         # Sizes of the copies (a host file may change after it was copied: edits, byte-code rewrites).
         (staging / FILES_NAME).write_text("".join(f"{f}\t{rootfs.inside(f).stat().st_size}\n" for f in rootfs.copied))
@@ -171,6 +176,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         bundle_bytes, bundle_files = tree_size(staging / "rootfs")
         meta = {
             "format": BUNDLE_FORMAT,
+            "bundle_sha256": bundle_sha256,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "arch": arch,
             "engine": engine,
@@ -221,9 +227,14 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
 
 
 def verify_bundle(bundle: Path) -> list[str]:
-    """Files of ``rootfs.files`` missing from the rootfs or of another size (empty: complete)."""
+    """Files of ``rootfs.files`` missing from the rootfs or of another size, and a digest that
+    differs from the one the bundle was built with (empty: complete and unchanged)."""
     bundle = Path(bundle)
     problems = []
+    config = json.loads((bundle / "config.json").read_text())
+    recorded = config_digest_entry(config)
+    if recorded is not None and bundle_digest(bundle / "rootfs", config) != recorded:
+        problems.append(f"digest differs: {DIGEST_ENV} in config.json is {recorded[:16]}..., the files hash otherwise")
     for line in (bundle / FILES_NAME).read_text().splitlines():
         path, size = line.rsplit("\t", 1)
         inside = bundle / "rootfs" / store_path(path).lstrip("/")
@@ -267,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     package = args.package
     if package is None:
-        from edge.boot import default_package_dir, ensure_default_package
+        from edge.default_package import default_package_dir, ensure_default_package
 
         package = ensure_default_package(default_package_dir())
     try:

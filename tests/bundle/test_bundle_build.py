@@ -115,6 +115,23 @@ def test_traced_syscalls_fit_the_seccomp_profile(ort_bundle):
     assert seccomp.check_traced({"mount", "ptrace", "bpf"}) == ["bpf", "mount", "ptrace"]
 
 
+def test_verify_notices_a_changed_file_through_the_digest(ort_bundle, tmp_path):
+    """Same size, other bytes: only the digest can tell. The copy is changed, never the shared bundle."""
+    import shutil
+
+    from image.build_bundle import verify_bundle
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(ort_bundle, copy, symlinks=True)
+    assert verify_bundle(copy) == []
+    target = copy / "rootfs" / "etc" / "passwd"
+    data = bytearray(target.read_bytes())
+    data[0] ^= 0x01
+    target.write_bytes(bytes(data))
+    problems = verify_bundle(copy)
+    assert len(problems) == 1 and problems[0].startswith("digest differs"), problems
+
+
 def test_arch_mismatch_is_refused(minilm_package, tmp_path):
     other = "aarch64" if os.uname().machine != "aarch64" else "x86_64"
     out = subprocess.run([sys.executable, "-m", "image.build_bundle", "build", "--out", str(tmp_path / "b"),

@@ -68,6 +68,22 @@ def test_embed_through_the_mounted_socket_matches_the_plain_process(container, o
     assert np.abs(in_bundle - plain).max() <= 1e-4
 
 
+def test_replies_name_the_bundle_they_came_from(container, ort_bundle):
+    """The lineage carries the digest the builder computed, and edge-bundle verify recomputes it."""
+    from edge.ipc.client import EdgeClient
+    from image.bundle.digest import bundle_digest, config_digest_entry
+
+    meta = bundle_meta(ort_bundle)
+    config = json.loads((ort_bundle / "config.json").read_text())
+    assert len(meta["bundle_sha256"]) == 64 and config_digest_entry(config) == meta["bundle_sha256"]
+    assert bundle_digest(ort_bundle / "rootfs", config) == meta["bundle_sha256"]
+    with EdgeClient(meta["address"], timeout_s=30) as client:
+        result = client.embed(["which bundle answered?"])
+        lineage = client.stats()["lineage"]
+    assert result.meta["bundle_sha256"] == lineage["bundle_sha256"] == meta["bundle_sha256"]
+    assert lineage["package_sha256"] == meta["package"]["package_sha256"] and lineage["edge_version"]
+
+
 def test_root_is_read_only_and_no_capabilities_inside(container, ort_bundle):
     python = bundle_meta(ort_bundle)["python"]
     check = (
