@@ -13,12 +13,11 @@ from zlib import crc32
 
 import flatbuffers
 
-from edge.preload import tokenizer_fb as _pkg  # noqa: F401  (package of the generated code)
 from edge.preload.tokenizer import FILE_IDENTIFIER, FORMAT_VERSION, Tokenizer
-from edge.preload.tokenizer_fb import AddedToken as fb_added
-from edge.preload.tokenizer_fb import CharTable as fb_table
-from edge.preload.tokenizer_fb import Tokenizer as fb_tok
 from edge.preload.tokenizer_models import merge_slot
+from image.tokenizer.fb_build import AddedToken as fb_added  # the generated builders (image/tokenizer/schema.py)
+from image.tokenizer.fb_build import CharTable as fb_table
+from image.tokenizer.fb_build import Tokenizer as fb_tok
 
 __all__ = ["CharTableData", "AddedTokenSpec", "TokenizerSpec", "to_fb", "spec_from_fb", "build_char_table"]
 

@@ -15,7 +15,7 @@ from edge.preload.tokenizer import EncodedBatch, Encoding, Tokenizer
 
 def test_public_names():
     assert sorted(tokenizer_module.__all__) == sorted(
-        ["Tokenizer", "Encoding", "EncodedBatch", "FORMAT_VERSION", "FILE_IDENTIFIER"]
+        ["load_tokenizer", "Tokenizer", "Encoding", "EncodedBatch", "FORMAT_VERSION", "FILE_IDENTIFIER"]
     )
 
 

@@ -17,8 +17,15 @@ from image.tokenizer import schema, unicode_ref
 def test_generated_reader_is_up_to_date():
     with tempfile.TemporaryDirectory() as tmp:
         generated = schema.generate(Path(tmp))
-        assert sorted(p.name for p in generated.glob("*.py"))  # flatc produced something
+        assert sorted(p.name for p in generated[0].glob("*.py"))  # flatc produced something
+        assert (generated[1] / "Tokenizer.py").exists()  # and the builder half was split off
         assert schema.differences(generated) == []
+
+
+def test_the_device_reader_holds_no_builder_functions():
+    """The runtime maps and reads tokenizer files; only the build host writes them."""
+    for path in schema.PACKAGE.glob("*.py"):
+        assert not any(line.startswith("def ") for line in path.read_text().splitlines()), path.name
 
 
 def test_schema_names_the_reader_package():

@@ -62,25 +62,3 @@ class AddedToken(object):
         if o != 0:
             return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
         return False
-
-def AddedTokenStart(builder): builder.StartObject(5)
-def Start(builder):
-    return AddedTokenStart(builder)
-def AddedTokenAddId(builder, id): builder.PrependInt32Slot(0, id, 0)
-def AddId(builder, id):
-    return AddedTokenAddId(builder, id)
-def AddedTokenAddContent(builder, content): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(content), 0)
-def AddContent(builder, content):
-    return AddedTokenAddContent(builder, content)
-def AddedTokenAddSpecial(builder, special): builder.PrependBoolSlot(2, special, 0)
-def AddSpecial(builder, special):
-    return AddedTokenAddSpecial(builder, special)
-def AddedTokenAddLstrip(builder, lstrip): builder.PrependBoolSlot(3, lstrip, 0)
-def AddLstrip(builder, lstrip):
-    return AddedTokenAddLstrip(builder, lstrip)
-def AddedTokenAddRstrip(builder, rstrip): builder.PrependBoolSlot(4, rstrip, 0)
-def AddRstrip(builder, rstrip):
-    return AddedTokenAddRstrip(builder, rstrip)
-def AddedTokenEnd(builder): return builder.EndObject()
-def End(builder):
-    return AddedTokenEnd(builder)

@@ -29,14 +29,6 @@ class CharTable(object):
         self._tab = flatbuffers.table.Table(buf, pos)
 
     # CharTable
-    def Starts(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
-
-    # CharTable
     def StartsAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
         if o != 0:
@@ -54,14 +46,6 @@ class CharTable(object):
     def StartsIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
         return o == 0
-
-    # CharTable
-    def Classes(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(6))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
-        return 0
 
     # CharTable
     def ClassesAsNumpy(self):
@@ -83,14 +67,6 @@ class CharTable(object):
         return o == 0
 
     # CharTable
-    def MappedCps(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
-
-    # CharTable
     def MappedCpsAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         if o != 0:
@@ -108,14 +84,6 @@ class CharTable(object):
     def MappedCpsIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         return o == 0
-
-    # CharTable
-    def MappedOffsets(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
 
     # CharTable
     def MappedOffsetsAsNumpy(self):
@@ -137,14 +105,6 @@ class CharTable(object):
         return o == 0
 
     # CharTable
-    def MappedBlob(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
-        return 0
-
-    # CharTable
     def MappedBlobAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         if o != 0:
@@ -162,40 +122,3 @@ class CharTable(object):
     def MappedBlobIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         return o == 0
-
-def CharTableStart(builder): builder.StartObject(5)
-def Start(builder):
-    return CharTableStart(builder)
-def CharTableAddStarts(builder, starts): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(starts), 0)
-def AddStarts(builder, starts):
-    return CharTableAddStarts(builder, starts)
-def CharTableStartStartsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartStartsVector(builder, numElems):
-    return CharTableStartStartsVector(builder, numElems)
-def CharTableAddClasses(builder, classes): builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(classes), 0)
-def AddClasses(builder, classes):
-    return CharTableAddClasses(builder, classes)
-def CharTableStartClassesVector(builder, numElems): return builder.StartVector(1, numElems, 1)
-def StartClassesVector(builder, numElems):
-    return CharTableStartClassesVector(builder, numElems)
-def CharTableAddMappedCps(builder, mappedCps): builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(mappedCps), 0)
-def AddMappedCps(builder, mappedCps):
-    return CharTableAddMappedCps(builder, mappedCps)
-def CharTableStartMappedCpsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartMappedCpsVector(builder, numElems):
-    return CharTableStartMappedCpsVector(builder, numElems)
-def CharTableAddMappedOffsets(builder, mappedOffsets): builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(mappedOffsets), 0)
-def AddMappedOffsets(builder, mappedOffsets):
-    return CharTableAddMappedOffsets(builder, mappedOffsets)
-def CharTableStartMappedOffsetsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartMappedOffsetsVector(builder, numElems):
-    return CharTableStartMappedOffsetsVector(builder, numElems)
-def CharTableAddMappedBlob(builder, mappedBlob): builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(mappedBlob), 0)
-def AddMappedBlob(builder, mappedBlob):
-    return CharTableAddMappedBlob(builder, mappedBlob)
-def CharTableStartMappedBlobVector(builder, numElems): return builder.StartVector(1, numElems, 1)
-def StartMappedBlobVector(builder, numElems):
-    return CharTableStartMappedBlobVector(builder, numElems)
-def CharTableEnd(builder): return builder.EndObject()
-def End(builder):
-    return CharTableEnd(builder)

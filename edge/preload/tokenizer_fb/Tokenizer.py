@@ -57,14 +57,6 @@ class Tokenizer(object):
         return 0
 
     # Tokenizer
-    def VocabBlob(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Uint8Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 1))
-        return 0
-
-    # Tokenizer
     def VocabBlobAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         if o != 0:
@@ -84,14 +76,6 @@ class Tokenizer(object):
         return o == 0
 
     # Tokenizer
-    def VocabOffsets(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
-
-    # Tokenizer
     def VocabOffsetsAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         if o != 0:
@@ -109,14 +93,6 @@ class Tokenizer(object):
     def VocabOffsetsIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
-
-    # Tokenizer
-    def VocabHash(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
 
     # Tokenizer
     def VocabHashAsNumpy(self):
@@ -159,14 +135,6 @@ class Tokenizer(object):
         return 100
 
     # Tokenizer
-    def MergeLeft(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
-
-    # Tokenizer
     def MergeLeftAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         if o != 0:
@@ -184,14 +152,6 @@ class Tokenizer(object):
     def MergeLeftIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
         return o == 0
-
-    # Tokenizer
-    def MergeRight(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
 
     # Tokenizer
     def MergeRightAsNumpy(self):
@@ -213,14 +173,6 @@ class Tokenizer(object):
         return o == 0
 
     # Tokenizer
-    def MergeResult(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
-
-    # Tokenizer
     def MergeResultAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         if o != 0:
@@ -238,14 +190,6 @@ class Tokenizer(object):
     def MergeResultIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
         return o == 0
-
-    # Tokenizer
-    def MergeHash(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
 
     # Tokenizer
     def MergeHashAsNumpy(self):
@@ -335,14 +279,6 @@ class Tokenizer(object):
         return o == 0
 
     # Tokenizer
-    def PrefixIds(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(44))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
-
-    # Tokenizer
     def PrefixIdsAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(44))
         if o != 0:
@@ -360,14 +296,6 @@ class Tokenizer(object):
     def PrefixIdsIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(44))
         return o == 0
-
-    # Tokenizer
-    def SuffixIds(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(46))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
 
     # Tokenizer
     def SuffixIdsAsNumpy(self):
@@ -410,14 +338,6 @@ class Tokenizer(object):
         return 0
 
     # Tokenizer
-    def OriginalIds(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(54))
-        if o != 0:
-            a = self._tab.Vector(o)
-            return self._tab.Get(flatbuffers.number_types.Int32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
-        return 0
-
-    # Tokenizer
     def OriginalIdsAsNumpy(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(54))
         if o != 0:
@@ -456,130 +376,3 @@ class Tokenizer(object):
         if o != 0:
             return self._tab.String(o + self._tab.Pos)
         return None
-
-def TokenizerStart(builder): builder.StartObject(29)
-def Start(builder):
-    return TokenizerStart(builder)
-def TokenizerAddFormatVersion(builder, formatVersion): builder.PrependUint32Slot(0, formatVersion, 0)
-def AddFormatVersion(builder, formatVersion):
-    return TokenizerAddFormatVersion(builder, formatVersion)
-def TokenizerAddModel(builder, model): builder.PrependUint8Slot(1, model, 0)
-def AddModel(builder, model):
-    return TokenizerAddModel(builder, model)
-def TokenizerAddPreTokenizer(builder, preTokenizer): builder.PrependUint8Slot(2, preTokenizer, 0)
-def AddPreTokenizer(builder, preTokenizer):
-    return TokenizerAddPreTokenizer(builder, preTokenizer)
-def TokenizerAddVocabSize(builder, vocabSize): builder.PrependUint32Slot(3, vocabSize, 0)
-def AddVocabSize(builder, vocabSize):
-    return TokenizerAddVocabSize(builder, vocabSize)
-def TokenizerAddVocabBlob(builder, vocabBlob): builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(vocabBlob), 0)
-def AddVocabBlob(builder, vocabBlob):
-    return TokenizerAddVocabBlob(builder, vocabBlob)
-def TokenizerStartVocabBlobVector(builder, numElems): return builder.StartVector(1, numElems, 1)
-def StartVocabBlobVector(builder, numElems):
-    return TokenizerStartVocabBlobVector(builder, numElems)
-def TokenizerAddVocabOffsets(builder, vocabOffsets): builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(vocabOffsets), 0)
-def AddVocabOffsets(builder, vocabOffsets):
-    return TokenizerAddVocabOffsets(builder, vocabOffsets)
-def TokenizerStartVocabOffsetsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartVocabOffsetsVector(builder, numElems):
-    return TokenizerStartVocabOffsetsVector(builder, numElems)
-def TokenizerAddVocabHash(builder, vocabHash): builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(vocabHash), 0)
-def AddVocabHash(builder, vocabHash):
-    return TokenizerAddVocabHash(builder, vocabHash)
-def TokenizerStartVocabHashVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartVocabHashVector(builder, numElems):
-    return TokenizerStartVocabHashVector(builder, numElems)
-def TokenizerAddUnkId(builder, unkId): builder.PrependInt32Slot(7, unkId, -1)
-def AddUnkId(builder, unkId):
-    return TokenizerAddUnkId(builder, unkId)
-def TokenizerAddContinuingSubwordPrefix(builder, continuingSubwordPrefix): builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(continuingSubwordPrefix), 0)
-def AddContinuingSubwordPrefix(builder, continuingSubwordPrefix):
-    return TokenizerAddContinuingSubwordPrefix(builder, continuingSubwordPrefix)
-def TokenizerAddMaxInputCharsPerWord(builder, maxInputCharsPerWord): builder.PrependUint32Slot(9, maxInputCharsPerWord, 100)
-def AddMaxInputCharsPerWord(builder, maxInputCharsPerWord):
-    return TokenizerAddMaxInputCharsPerWord(builder, maxInputCharsPerWord)
-def TokenizerAddMergeLeft(builder, mergeLeft): builder.PrependUOffsetTRelativeSlot(10, flatbuffers.number_types.UOffsetTFlags.py_type(mergeLeft), 0)
-def AddMergeLeft(builder, mergeLeft):
-    return TokenizerAddMergeLeft(builder, mergeLeft)
-def TokenizerStartMergeLeftVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartMergeLeftVector(builder, numElems):
-    return TokenizerStartMergeLeftVector(builder, numElems)
-def TokenizerAddMergeRight(builder, mergeRight): builder.PrependUOffsetTRelativeSlot(11, flatbuffers.number_types.UOffsetTFlags.py_type(mergeRight), 0)
-def AddMergeRight(builder, mergeRight):
-    return TokenizerAddMergeRight(builder, mergeRight)
-def TokenizerStartMergeRightVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartMergeRightVector(builder, numElems):
-    return TokenizerStartMergeRightVector(builder, numElems)
-def TokenizerAddMergeResult(builder, mergeResult): builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(mergeResult), 0)
-def AddMergeResult(builder, mergeResult):
-    return TokenizerAddMergeResult(builder, mergeResult)
-def TokenizerStartMergeResultVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartMergeResultVector(builder, numElems):
-    return TokenizerStartMergeResultVector(builder, numElems)
-def TokenizerAddMergeHash(builder, mergeHash): builder.PrependUOffsetTRelativeSlot(13, flatbuffers.number_types.UOffsetTFlags.py_type(mergeHash), 0)
-def AddMergeHash(builder, mergeHash):
-    return TokenizerAddMergeHash(builder, mergeHash)
-def TokenizerStartMergeHashVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartMergeHashVector(builder, numElems):
-    return TokenizerStartMergeHashVector(builder, numElems)
-def TokenizerAddFuseUnk(builder, fuseUnk): builder.PrependBoolSlot(14, fuseUnk, 0)
-def AddFuseUnk(builder, fuseUnk):
-    return TokenizerAddFuseUnk(builder, fuseUnk)
-def TokenizerAddIgnoreMerges(builder, ignoreMerges): builder.PrependBoolSlot(15, ignoreMerges, 0)
-def AddIgnoreMerges(builder, ignoreMerges):
-    return TokenizerAddIgnoreMerges(builder, ignoreMerges)
-def TokenizerAddAddPrefixSpace(builder, addPrefixSpace): builder.PrependBoolSlot(16, addPrefixSpace, 0)
-def AddAddPrefixSpace(builder, addPrefixSpace):
-    return TokenizerAddAddPrefixSpace(builder, addPrefixSpace)
-def TokenizerAddCharMap(builder, charMap): builder.PrependUOffsetTRelativeSlot(17, flatbuffers.number_types.UOffsetTFlags.py_type(charMap), 0)
-def AddCharMap(builder, charMap):
-    return TokenizerAddCharMap(builder, charMap)
-def TokenizerAddSplitClasses(builder, splitClasses): builder.PrependUOffsetTRelativeSlot(18, flatbuffers.number_types.UOffsetTFlags.py_type(splitClasses), 0)
-def AddSplitClasses(builder, splitClasses):
-    return TokenizerAddSplitClasses(builder, splitClasses)
-def TokenizerAddAddedTokens(builder, addedTokens): builder.PrependUOffsetTRelativeSlot(19, flatbuffers.number_types.UOffsetTFlags.py_type(addedTokens), 0)
-def AddAddedTokens(builder, addedTokens):
-    return TokenizerAddAddedTokens(builder, addedTokens)
-def TokenizerStartAddedTokensVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartAddedTokensVector(builder, numElems):
-    return TokenizerStartAddedTokensVector(builder, numElems)
-def TokenizerAddPrefixIds(builder, prefixIds): builder.PrependUOffsetTRelativeSlot(20, flatbuffers.number_types.UOffsetTFlags.py_type(prefixIds), 0)
-def AddPrefixIds(builder, prefixIds):
-    return TokenizerAddPrefixIds(builder, prefixIds)
-def TokenizerStartPrefixIdsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartPrefixIdsVector(builder, numElems):
-    return TokenizerStartPrefixIdsVector(builder, numElems)
-def TokenizerAddSuffixIds(builder, suffixIds): builder.PrependUOffsetTRelativeSlot(21, flatbuffers.number_types.UOffsetTFlags.py_type(suffixIds), 0)
-def AddSuffixIds(builder, suffixIds):
-    return TokenizerAddSuffixIds(builder, suffixIds)
-def TokenizerStartSuffixIdsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartSuffixIdsVector(builder, numElems):
-    return TokenizerStartSuffixIdsVector(builder, numElems)
-def TokenizerAddTruncationSide(builder, truncationSide): builder.PrependUint8Slot(22, truncationSide, 0)
-def AddTruncationSide(builder, truncationSide):
-    return TokenizerAddTruncationSide(builder, truncationSide)
-def TokenizerAddTruncationMaxLength(builder, truncationMaxLength): builder.PrependUint32Slot(23, truncationMaxLength, 0)
-def AddTruncationMaxLength(builder, truncationMaxLength):
-    return TokenizerAddTruncationMaxLength(builder, truncationMaxLength)
-def TokenizerAddPadId(builder, padId): builder.PrependInt32Slot(24, padId, 0)
-def AddPadId(builder, padId):
-    return TokenizerAddPadId(builder, padId)
-def TokenizerAddOriginalIds(builder, originalIds): builder.PrependUOffsetTRelativeSlot(25, flatbuffers.number_types.UOffsetTFlags.py_type(originalIds), 0)
-def AddOriginalIds(builder, originalIds):
-    return TokenizerAddOriginalIds(builder, originalIds)
-def TokenizerStartOriginalIdsVector(builder, numElems): return builder.StartVector(4, numElems, 4)
-def StartOriginalIdsVector(builder, numElems):
-    return TokenizerStartOriginalIdsVector(builder, numElems)
-def TokenizerAddOriginalVocabSize(builder, originalVocabSize): builder.PrependUint32Slot(26, originalVocabSize, 0)
-def AddOriginalVocabSize(builder, originalVocabSize):
-    return TokenizerAddOriginalVocabSize(builder, originalVocabSize)
-def TokenizerAddSourceSha256(builder, sourceSha256): builder.PrependUOffsetTRelativeSlot(27, flatbuffers.number_types.UOffsetTFlags.py_type(sourceSha256), 0)
-def AddSourceSha256(builder, sourceSha256):
-    return TokenizerAddSourceSha256(builder, sourceSha256)
-def TokenizerAddDescription(builder, description): builder.PrependUOffsetTRelativeSlot(28, flatbuffers.number_types.UOffsetTFlags.py_type(description), 0)
-def AddDescription(builder, description):
-    return TokenizerAddDescription(builder, description)
-def TokenizerEnd(builder): return builder.EndObject()
-def End(builder):
-    return TokenizerEnd(builder)

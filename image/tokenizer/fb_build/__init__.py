@@ -1,0 +1,1 @@
+"""FlatBuffers builder functions of the tokenizer schema (generated; see image/tokenizer/schema.py)."""
