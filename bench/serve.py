@@ -29,361 +29,33 @@ per phase, in cores: on a 2-core machine they compete.
 Goals (the serving issue): saturation >= 0.85 x ceiling and >= 3 x glue; lone request
 (concurrency 1 median) <= engine batch-1 latency + 2 ms; padding efficiency >= 0.75.
 Prints a table and one summary line; ``--json FILE`` writes the record.
+
+This module runs the phases and reports; the pieces: ``bench/serve_server.py`` (the server
+subprocesses), ``bench/serve_load.py`` (the load generators), ``bench/serve_ceiling.py``
+(the in-process ceiling and the engine's lone-request baselines).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
-import random
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import zmq
 
-from edge.ipc import protocol as P
+from bench.serve_ceiling import ceiling, ceiling_pass, engine_lone, lone_paired
+from bench.serve_load import closed_loop, cpu_s, open_loop
+from bench.serve_server import Server
 
 GOALS = {"vs_ceiling": 0.85, "vs_glue": 3.0, "lone_overhead_ms": 2.0, "padding_efficiency": 0.75}
 CONCURRENCY = (1, 8, 32)
 OPEN_FRACTIONS = (0.5, 0.8, 1.0)  # of the best closed-loop throughput
-READY_DEADLINE_S = 120.0  # torch import alone takes seconds here
-REPLY_TIMEOUT_S = 60.0
-
-
-def pct(xs, qs=(0, 50, 95, 99)) -> dict:
-    if len(xs) == 0:
-        return {f"p{q}" if q else "min": None for q in qs}
-    a = np.asarray(xs, dtype=np.float64)
-    return {("min" if q == 0 else f"p{q}"): round(float(np.percentile(a, q)), 3) for q in qs}
-
-
-def cpu_s(pid: int | None = None) -> float:
-    """CPU seconds (user + system, all threads) of ``pid``, or of this process."""
-    if pid is None:
-        t = os.times()
-        return t.user + t.system
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-# ------------------------------------------------------------------ processes
-
-
-class Server:
-    """A server subprocess that reports READY=1 on a NOTIFY_SOCKET we bind."""
-
-    def __init__(self, name: str, cmd: list[str], workdir: Path) -> None:
-        self.name, self.workdir = name, workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.address = f"ipc://{workdir}/{name}.sock"
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(str(workdir / f"{name}-notify.sock"))
-        self.notify.settimeout(0.2)
-        self.log = workdir / f"{name}.log"
-        env = {**os.environ, "NOTIFY_SOCKET": str(workdir / f"{name}-notify.sock"), "HOME": str(workdir)}
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([*cmd, "--bind", self.address], stdout=out, stderr=subprocess.STDOUT, env=env)
-        self.started = time.monotonic()
-        self.ready_s = None
-
-    def wait_ready(self) -> float:
-        end = time.monotonic() + READY_DEADLINE_S
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode} before READY:\n{self.log.read_text()[-3000:]}")
-            try:
-                if b"READY=1" in self.notify.recv(4096).split(b"\n"):
-                    self.ready_s = time.monotonic() - self.started
-                    return self.ready_s
-            except TimeoutError:  # socket.timeout
-                pass
-        raise RuntimeError(f"{self.name}: no READY=1 within {READY_DEADLINE_S} s:\n{self.log.read_text()[-3000:]}")
-
-    def stats(self) -> dict:
-        from edge.ipc.client import EdgeClient
-
-        with EdgeClient(self.address, timeout_s=30) as c:
-            return c.stats()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.notify.close()
-
-
-# ------------------------------------------------------------------ load generators
-
-
-def _body(texts: list[str], i: int, rid: int) -> list[bytes]:
-    return P.encode_request("infer", {"texts": [texts[i % len(texts)]], "request_id": rid})
-
-
-def _decode(frames: list) -> tuple[bool, int, int, str | None]:
-    r = P.decode_reply(frames)
-    if r.is_error:
-        return False, 0, 0, str(r.body.get("name"))
-    return True, sum(r.body["token_counts"]), sum(r.body["buckets"]), None
-
-
-def closed_loop(address: str, texts: list[str], concurrency: int, burn_s: float, dur_s: float) -> dict:
-    """C threads, each: send one request, wait for its reply, repeat until the window ends."""
-    ctx = zmq.Context.instance()
-    counter = itertools.count()  # next() is atomic under the GIL: texts go out in mix order
-    records: list[tuple] = []  # (sent, received, ok, tokens, padded)
-    errors: Counter = Counter()
-    lock = threading.Lock()
-    go = threading.Barrier(concurrency + 1)
-    t0: list[float] = []
-
-    def worker() -> None:
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(address)
-        mine, errs = [], Counter()
-        go.wait()
-        end = t0[0] + burn_s + dur_s
-        try:
-            for rid in itertools.count():
-                sent = time.perf_counter()
-                if sent >= end:
-                    break
-                s.send_multipart(_body(texts, next(counter), rid))
-                if not s.poll(int(REPLY_TIMEOUT_S * 1000)):
-                    errs["TIMEOUT"] += 1
-                    break
-                frames = s.recv_multipart()
-                got = time.perf_counter()
-                ok, tokens, padded, err = _decode(frames)
-                if err:
-                    errs[err] += 1
-                mine.append((sent, got, ok, tokens, padded))
-        finally:
-            s.close(0)
-            with lock:
-                records.extend(mine)
-                errors.update(errs)
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    c0 = cpu_s()
-    t0.append(time.perf_counter())
-    go.wait()
-    for t in threads:
-        t.join()
-    return _window(records, errors, t0[0] + burn_s, dur_s, cpu_s() - c0, time.perf_counter() - t0[0])
-
-
-def open_loop(address: str, texts: list[str], rate: float, burn_s: float, dur_s: float, seed: int, offset: int) -> dict:
-    """Poisson arrivals at ``rate``/s from one thread and one DEALER socket; latency from the
-    scheduled send time, so a late send (the generator or the socket busy) counts against the server."""
-    rng = random.Random(seed)
-    sched, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= burn_s + dur_s:
-            break
-        sched.append(t)
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.SNDHWM, 0)
-    s.setsockopt(zmq.RCVHWM, 0)
-    s.connect(address)
-    records, errors, pending, lags = [], Counter(), {}, []
-    c0 = cpu_s()
-    t0 = time.perf_counter() + 0.01
-    nxt, drain_until = 0, None
-    try:
-        while nxt < len(sched) or pending:
-            now = time.perf_counter()
-            if nxt < len(sched) and now >= t0 + sched[nxt]:
-                s.send_multipart(_body(texts, offset + nxt, nxt))
-                pending[nxt] = t0 + sched[nxt]
-                lags.append(time.perf_counter() - pending[nxt])
-                nxt += 1
-                continue
-            if nxt >= len(sched):
-                drain_until = drain_until or now + REPLY_TIMEOUT_S
-                if now >= drain_until:
-                    errors["TIMEOUT"] += len(pending)
-                    break
-                wait = drain_until - now
-            else:
-                wait = t0 + sched[nxt] - now
-            if s.poll(max(0, int(wait * 1000))):  # ms; a late wake-up only delays a send, never hides it
-                while True:
-                    try:
-                        frames = s.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    got = time.perf_counter()
-                    r = P.decode_reply(frames)
-                    rid = r.body.get("request_id")
-                    if rid not in pending:
-                        continue
-                    ok, tokens, padded, err = _decode(frames)
-                    if err:
-                        errors[err] += 1
-                    records.append((pending.pop(rid), got, ok, tokens, padded))
-    finally:
-        s.close(0)
-    out = _window(records, errors, t0 + burn_s, dur_s, cpu_s() - c0, time.perf_counter() - t0)
-    out.update(offered_per_s=round(rate, 2), send_lag_ms=pct(np.asarray(lags) * 1000.0, (50, 99, 100)))
-    return out
-
-
-def _window(records: list[tuple], errors: Counter, start: float, dur_s: float, client_cpu: float, wall: float) -> dict:
-    """Throughput = replies received in [start, start + dur); latency = requests sent in it."""
-    end = start + dur_s
-    done = [r for r in records if start <= r[1] < end and r[2]]
-    sent = [r for r in records if start <= r[0] < end]
-    lat = [(r[1] - r[0]) * 1000.0 for r in sent if r[2]]
-    return {
-        "texts_per_s": round(len(done) / dur_s, 2),
-        "latency_ms": pct(lat),
-        "requests": len(sent),
-        "errors": dict(errors),
-        "reply_padding_efficiency": round(sum(r[3] for r in sent) / max(1, sum(r[4] for r in sent)), 4),
-        "client_cpu_cores": round(client_cpu / wall, 2),
-        "_sent": sent,  # (sent, received, ok, tokens, padded): dropped before the JSON is written
-        "_done": done,
-    }
-
-
-# ------------------------------------------------------------------ in-process baselines
-
-
-def _batch(rows: list[np.ndarray], bucket: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.full((len(rows), bucket), pad_id, dtype=np.int64)  # (B, T)
-    mask = np.zeros((len(rows), bucket), dtype=np.int64)  # (B, T)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-        mask[i, : len(r)] = 1
-    return ids, mask
-
-
-def _timed(engine, batches: list, burn: int) -> list[float]:
-    """Run each batch; the engine time (ms) of those after the first ``burn``."""
-    times = []
-    for r, (ids, mask) in enumerate(batches):
-        t = time.perf_counter()
-        engine.run(ids, mask)
-        if r >= burn:
-            times.append((time.perf_counter() - t) * 1000.0)
-    return times
-
-
-def ceiling_pass(engine, by_bucket: dict[int, list[np.ndarray]], caps: dict[int, int], sizes: list[int], pad_id: int,
-                 burn: int, runs: int, times: dict | None = None) -> dict:
-    """Ideal batches: per bucket, batches of the bucket shape (rows cycling through the mix's
-    texts of that bucket) at the cap and at a few smaller sizes. Adds the engine times (ms)
-    to ``times[bucket][size]``; call it again later to spread the runs over the invocation."""
-    times = times if times is not None else {}
-    for b, texts in sorted(by_bucket.items()):
-        for n in sorted({min(x, caps[b]) for x in sizes}) if texts else ():  # a size over the cap means the cap
-            k = sum(len(v) for v in times.get(b, {}).values())  # new rows each pass
-            batches = [_batch([texts[(k + r * n + j) % len(texts)] for j in range(n)], b, pad_id) for r in range(burn + runs)]
-            times.setdefault(b, {}).setdefault(n, []).extend(_timed(engine, batches, burn))
-    return times
-
-
-def ceiling(times: dict, by_bucket: dict[int, list[np.ndarray]], caps: dict[int, int]) -> dict:
-    """Per bucket the batch size with the lowest median engine time per text (on a CPU a full
-    batch is not always the fastest); texts/s of the mix = 1 / sum(share / texts per second).
-    ``cost_ms[b]``: engine ms per text of bucket b at that size."""
-    total = sum(len(v) for v in by_bucket.values())
-    per, inv = {}, {"min": 0.0, "median": 0.0, "p95": 0.0}
-    for b, shapes in sorted(times.items()):
-        st = {n: {"min": float(np.min(t)), "median": float(np.median(t)), "p95": float(np.percentile(t, 95)), "runs": len(t)}
-              for n, t in shapes.items()}
-        best = min(st, key=lambda n: st[n]["median"] / n)
-        s, share = st[best], len(by_bucket[b]) / total
-        per[str(b)] = {"share": round(share, 4), "cap": caps[b], "best_batch": best, "cost_ms": round(s["median"] / best, 3),
-                       "texts_per_s": round(best / s["median"] * 1000.0, 1),
-                       "batch_ms": {str(n): {k: round(v, 2) for k, v in x.items()} for n, x in st.items()}}
-        for k in inv:
-            inv[k] += share * s[k] / 1000.0 / best  # seconds per text of the mix
-    return {"by_bucket": per, "texts_per_s": round(1.0 / inv["median"], 2),
-            "texts_per_s_range": [round(1.0 / inv["p95"], 2), round(1.0 / inv["min"], 2)]}
-
-
-def engine_lone(engine, by_bucket: dict[int, list[np.ndarray]], pad_id: int, burn: int, runs: int) -> dict:
-    """Batch-1 latency at each bucket shape (ms), on real texts of that bucket."""
-    out = {}
-    for b, texts in sorted(by_bucket.items()):
-        if texts:
-            out[str(b)] = pct(_timed(engine, [_batch([texts[r % len(texts)]], b, pad_id) for r in range(burn + runs)], burn), (0, 50, 95))
-    return out
-
-
-def lone_paired(address: str, engine, texts: list[str], ids: list[np.ndarray], buckets: list[int], pad_id: int, pairs: int) -> dict:
-    """A lone request against the engine alone, paired: for each text, the served latency at
-    concurrency 1 (send to reply) and the in-process engine time of the same text at its
-    bucket shape, batch 1, back to back in alternating order, so load from other processes
-    drifts into both alike. Overhead = median of the differences (ms)."""
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(address)
-    rows = []
-    try:
-        for k in range(pairs + 3):  # 3 warm-up pairs, dropped
-            i = k % len(texts)
-            b = min(x for x in buckets if x >= len(ids[i]))
-            ids_b, mask_b = _batch([ids[i]], b, pad_id)
-            order = (0, 1) if k % 2 else (1, 0)
-            got = {}
-            for o in order:
-                if o == 0:
-                    t = time.perf_counter()
-                    engine.run(ids_b, mask_b)
-                    got[0] = (time.perf_counter() - t) * 1000.0
-                else:
-                    t = time.perf_counter()
-                    s.send_multipart(_body(texts, i, k))
-                    if not s.poll(int(REPLY_TIMEOUT_S * 1000)):
-                        raise TimeoutError("lone request: no reply")
-                    reply = P.decode_reply(s.recv_multipart())
-                    got[1] = (time.perf_counter() - t) * 1000.0
-            if k >= 3:
-                rows.append((b, got[1], got[0], reply.body.get("compute_ms", 0.0), reply.body.get("queue_ms", 0.0)))
-    finally:
-        s.close(0)
-    per = {}
-    for b in buckets:
-        d = [(x[1], x[2]) for x in rows if x[0] == b]
-        if d:
-            per[str(b)] = {"served_p50_ms": round(float(np.median([x[0] for x in d])), 2),
-                           "engine_p50_ms": round(float(np.median([x[1] for x in d])), 2),
-                           "overhead_p50_ms": round(float(np.median([x[0] - x[1] for x in d])), 2), "pairs": len(d)}
-    diffs = [x[1] - x[2] for x in rows]
-    med = lambda v: round(float(np.median(v)), 3)
-    return {"overhead_ms": med(diffs), "overhead_ms_p95": round(float(np.percentile(diffs, 95)), 2), "pairs": len(rows),
-            # where the time goes, per the server's reply: its engine time vs ours, its queue wait,
-            # and everything outside its engine call (socket, tokenization, hand-offs, encoding)
-            "server_compute_minus_engine_ms": med([x[3] - x[2] for x in rows]), "server_queue_ms": med([x[4] for x in rows]),
-            "served_minus_server_compute_ms": med([x[1] - x[3] for x in rows]),
-            "served_minus_server_compute_ms_min": round(min(x[1] - x[3] for x in rows), 3), "by_bucket": per}
-
-
-# ------------------------------------------------------------------ the run
 
 
 def stats_delta(before: dict, after: dict) -> dict:
@@ -458,26 +130,26 @@ def main(argv: list[str] | None = None) -> int:
         ((4,), 1, 1, 3, 10) if args.quick else ((1, 4, 16, 10**9), 1, 2, 15, 60))
 
     from bench.textmix import describe, text_mix
-    from edge.boot import default_package_dir, ensure_default_package
+    from edge.default_package import default_package_dir, ensure_default_package
     from edge.engines import load_engine
     from edge.preload.manifest import open_package
     from edge.preload.tokenizer import Tokenizer
-    from edge.scheduler import BucketScheduler
+    from edge.serving.shapes import BatchShapes
 
     started = time.time()
     say = lambda *a: print(*a, file=sys.stderr, flush=True)  # progress; the report goes to stdout
     pkg_dir = Path(args.package) if args.package else ensure_default_package(default_package_dir())
     pkg = open_package(pkg_dir, verify="size")
-    serving, max_len = pkg.manifest.serving_dict(), pkg.manifest.max_seq_length
-    buckets = [int(b) for b in serving["buckets"]]
-    caps = BucketScheduler(buckets, serving["max_batch_size"], serving["max_batch_tokens"]).caps  # as the server's
+    shapes = BatchShapes(pkg.manifest.serving, max_seq_length=pkg.manifest.max_seq_length)  # the server's (on a CPU)
+    buckets, max_len = shapes.buckets, shapes.max_text_tokens
+    caps = {b: shapes.rows(b) for b in buckets}
     tok = Tokenizer.open(pkg.path(pkg.manifest.tokenizer))
     texts = [t for _, t in text_mix(n_texts, args.seed)]
-    mix_info = describe(texts, tok, buckets, max_len)
+    mix_info = describe(texts, tok, shapes)
     ids = [np.asarray(tok.encode(t, max_length=max_len).ids, dtype=np.int64) for t in texts]
     by_bucket: dict[int, list[np.ndarray]] = {b: [] for b in buckets}
     for a in ids:
-        by_bucket[min(b for b in buckets if b >= len(a))].append(a)
+        by_bucket[shapes.bucket_for(len(a))].append(a)
     say(f"mix: {n_texts} texts, tokens p50 {mix_info['tokens']['p50']} p90 {mix_info['tokens']['p90']}, buckets {mix_info['bucket_share']}")
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))

@@ -231,10 +231,6 @@ def verify_bundle(bundle: Path) -> list[str]:
     differs from the one the bundle was built with (empty: complete and unchanged)."""
     bundle = Path(bundle)
     problems = []
-    config = json.loads((bundle / "config.json").read_text())
-    recorded = config_digest_entry(config)
-    if recorded is not None and bundle_digest(bundle / "rootfs", config) != recorded:
-        problems.append(f"digest differs: {DIGEST_ENV} in config.json is {recorded[:16]}..., the files hash otherwise")
     for line in (bundle / FILES_NAME).read_text().splitlines():
         path, size = line.rsplit("\t", 1)
         inside = bundle / "rootfs" / store_path(path).lstrip("/")
@@ -242,6 +238,10 @@ def verify_bundle(bundle: Path) -> list[str]:
             problems.append(f"missing: {path}")
         elif inside.stat().st_size != int(size):
             problems.append(f"size differs: {path} ({inside.stat().st_size} != {size})")
+    config = json.loads((bundle / "config.json").read_text())
+    recorded = config_digest_entry(config)
+    if recorded is not None and bundle_digest(bundle / "rootfs", config) != recorded:
+        problems.append(f"digest differs: {DIGEST_ENV} in config.json is {recorded[:16]}..., the files hash otherwise")
     return problems
 
 

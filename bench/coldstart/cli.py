@@ -33,7 +33,10 @@ from pathlib import Path
 from bench.coldstart import cache as C
 from bench.coldstart import launch as L
 from bench.coldstart import report as R
+from bench.coldstart.client import RECONNECT_IVL_MS
 from bench.coldstart.machine import load_average, machine_facts
+from bench.coldstart.runtime_runs import bundle_contract, check_address_free, run_bundle, run_runtime
+from bench.coldstart.script_runs import run_baseline, run_import_probe
 from edge.launch import boot_env, compile_bytecode
 
 __all__ = ["main", "parse_args", "emit"]
@@ -81,7 +84,7 @@ def _say(args, msg: str) -> None:
 def _package_dir(args) -> Path:
     if args.package:
         return args.package
-    from edge.boot import default_package_dir, ensure_default_package
+    from edge.default_package import default_package_dir, ensure_default_package
 
     return ensure_default_package(default_package_dir())
 
@@ -140,9 +143,9 @@ class Bench:
     def _start(self, i: int) -> L.RunResult:
         wd = self.workroot / f"runtime-{i}"
         if self.args.bundle:
-            return L.run_bundle(self.args.bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
-        return L.run_runtime(self.package, self.args.engine, wd, self.args.text, self.reference,
-                             timeout_s=self.args.timeout_s, extra_args=self.args.runtime_arg)
+            return run_bundle(self.args.bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
+        return run_runtime(self.package, self.args.engine, wd, self.args.text, self.reference,
+                           timeout_s=self.args.timeout_s, extra_args=self.args.runtime_arg)
 
     def _traced_files(self) -> list[str]:
         """Every file a boot to READY opens or maps: the bundle builder's recorder, reused."""
@@ -158,12 +161,12 @@ class Bench:
         return sorted(trace.all_paths())
 
     def _baseline(self, i: int, list_files: bool = False) -> L.RunResult:
-        return L.run_baseline(self.model_dir, self.args.text, self.reference, self.workroot / f"baseline-{i}",
-                              timeout_s=self.args.timeout_s, list_files=list_files)
+        return run_baseline(self.model_dir, self.args.text, self.reference, self.workroot / f"baseline-{i}",
+                            timeout_s=self.args.timeout_s, list_files=list_files)
 
     def _probe(self, i: int, list_files: bool = False) -> L.RunResult:
-        return L.run_import_probe("torch", self.workroot / f"probe-{i}", timeout_s=self.args.timeout_s,
-                                  list_files=list_files)
+        return run_import_probe("torch", self.workroot / f"probe-{i}", timeout_s=self.args.timeout_s,
+                                list_files=list_files)
 
     def _evict(self) -> dict | None:
         if self.args.cache != "cold":
@@ -299,7 +302,7 @@ class Bench:
         config = {"mode": self.mode, "engine": (self.lineage or {}).get("engine") or a.engine, "cache": a.cache,
                   "runs": a.runs, "budget_ms": a.budget_ms, "bundle": str(a.bundle) if a.bundle else None,
                   "package": str(self.package) if self.package else None, "model_dir": str(self.model_dir),
-                  "text": a.text, "runtime_args": a.runtime_arg, "reconnect_ivl_ms": L.RECONNECT_IVL_MS}
+                  "text": a.text, "runtime_args": a.runtime_arg, "reconnect_ivl_ms": RECONNECT_IVL_MS}
         phases = {k: R.phase_table([p[k] for p in pairs if p.get(k)])
                   for k in ("runtime", "baseline", "import_torch") if any(p.get(k) for p in pairs)}
         record = {
@@ -336,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     try:
         if args.bundle:
-            meta = L.bundle_contract(args.bundle)
-            L.check_address_free(meta["address"])
+            meta = bundle_contract(args.bundle)
+            check_address_free(meta["address"])
             deferred = (meta.get("cdi") or {}).get("deferred_devices") or []
             if deferred:
                 # systemd/edge-supervise adds these at start; plain `runc run` of the bundle does not.

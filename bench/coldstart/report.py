@@ -39,7 +39,7 @@ def stats(values: list[float]) -> dict:
 
 
 # Phases that are interpreter start-up or imports, the part a cold cache is expected to slow most.
-IMPORT_PHASES = frozenset({"interpreter", "boot_imports", "import_manifest", "import_runtime", "import_engine",
+IMPORT_PHASES = frozenset({"interpreter", "boot_imports", "import_manifest", "import_tokenizer", "import_engine",
                            "import_server"})
 
 
@@ -48,7 +48,7 @@ def phase_durations(run: dict) -> dict[str, float]:
     phases = run.get("phases") or {}
     items = sorted(((k, v) for k, v in phases.items() if v), key=lambda kv: (kv[1][0], kv[1][1]))
     out = {k: v[1] - v[0] for k, v in items}
-    if "import_runtime" in phases:
+    if "import_tokenizer" in phases:
         # The runtime's own work: every stage but interpreter start-up and imports,
         # summed whether it ran on the main thread or beside it (boot overlaps most of
         # them), so a cold cache's cost shows even where the overlap hides it.

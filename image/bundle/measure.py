@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import zmq
 
 from edge.ipc import protocol as P
 from edge.launch import boot_argv, compile_bytecode
+from edge.readiness import stop_process
 
 __all__ = ["first_reply_s", "main"]
 
@@ -79,18 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(sock_dir, 0o750)
 
     def stop_container(cid):
-        def stop(proc):
+        def runc_term(_proc):  # the child is runc run: the container's init gets the TERM through runc
             subprocess.run([args.runc, "kill", cid, "TERM"], capture_output=True)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            subprocess.run([args.runc, "delete", "--force", cid], capture_output=True)
-        return stop
 
-    def stop_plain(proc):
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        def stop(proc):
+            try:
+                stop_process(proc, 30.0, terminate=runc_term)
+            finally:
+                subprocess.run([args.runc, "delete", "--force", cid], capture_output=True)
+        return stop
 
     compile_bytecode()  # the bundle's byte code is compiled; give the plain process the same
     work = Path(tempfile.mkdtemp(prefix="edge-measure-"))
@@ -107,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         cid = f"edge-measure-{uuid.uuid4().hex[:8]}"
         results["runc"].append(first_reply_s([args.runc, "run", "--bundle", str(args.bundle), cid], meta["address"],
                                              runc_env, stop_container(cid)))
-        results["plain"].append(first_reply_s(plain_cmd, plain_addr, plain_env, stop_plain))
+        results["plain"].append(first_reply_s(plain_cmd, plain_addr, plain_env, stop_process))
         print(f"run {i + 1}/{args.runs}: runc {results['runc'][-1]:.3f} s, plain {results['plain'][-1]:.3f} s",
               file=sys.stderr)
     record = {"bundle": str(args.bundle), "engine": meta["engine"], "host": os.uname().nodename,

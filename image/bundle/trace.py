@@ -18,11 +18,10 @@ import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from edge.readiness import NotifiedProcess, NotReady
 
 __all__ = ["Trace", "trace_boot", "TraceError", "HOOK_SOURCE"]
 
@@ -118,34 +117,32 @@ def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "home").mkdir(exist_ok=True)
     out = workdir / "trace.json"
-    notify_path = workdir / "notify.sock"
-    notify_path.unlink(missing_ok=True)
+    out.unlink(missing_ok=True)  # an earlier trace's record must not pass for this one's
     address = f"ipc://{workdir}/run/edge.sock"
     strace = shutil.which("strace") if use_strace in ("auto", "on") else None
     if use_strace == "on" and strace is None:
         raise TraceError("--strace on, but strace is not installed on the build host")
-    run_env = {**env, "HOME": str(workdir / "home"), "NOTIFY_SOCKET": str(notify_path),
+    run_env = {**env, "HOME": str(workdir / "home"),
                "EDGE_TRACE_OUT": str(out), "EDGE_TIMELINE": str(workdir / "timeline.json")}
     cmd = [python, "-S", "-c", HOOK_SOURCE, *boot_args, "--bind", address]
     strace_out = workdir / "strace.txt"
     if strace:
         cmd = [strace, "-f", "-qq", "-o", str(strace_out), *cmd]
     log_path = workdir / "boot.log"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify, open(log_path, "wb") as log:
-        notify.bind(str(notify_path))
-        notify.settimeout(0.2)
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env, cwd=str(workdir))
+    # The stop's SIGTERM (the drain path) goes to the runtime's own pid, the MAINPID= of its
+    # READY (boot.pid): under strace the child is strace. Past STOP_DEADLINE_S the child is killed.
+    boot = NotifiedProcess(cmd, notify_path=workdir / "notify.sock", log_path=log_path, env=run_env, cwd=str(workdir),
+                           terminate=lambda _proc: os.kill(boot.pid, signal.SIGTERM))
+    spin = None if progress is None else (lambda s: progress.spin(f"tracing boot to READY ({s:.1f} s)"))
+    try:
         try:
-            ready_s, pid = _wait_ready(proc, notify, t0, log_path, progress)
-            _exercise(address)
-            # The runtime's own pid (MAINPID= of its READY): under strace, proc is strace.
-            os.kill(pid, signal.SIGTERM)
-            proc.wait(STOP_DEADLINE_S)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            ready_s = boot.wait_ready(READY_DEADLINE_S, on_tick=spin)
+        except NotReady as exc:
+            raise TraceError(f"the traced boot {exc}") from None
+        _exercise(address)
+    finally:
+        boot.stop(STOP_DEADLINE_S)
+    proc = boot.proc
     text = log_path.read_text(errors="replace")
     if not out.exists():
         raise TraceError(f"the traced boot wrote no record (exit {proc.returncode}):\n{text[-4000:]}")
@@ -166,21 +163,3 @@ def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, 
         opened=set(rec["opened"]) | strace_files, dlopened=set(rec["dlopened"]), executed=rec["executed"],
         syscalls=syscalls, used_strace=bool(strace), ready_s=ready_s, log=text,
     )
-
-
-def _wait_ready(proc: subprocess.Popen, notify: socket.socket, t0: float, log_path: Path, progress) -> tuple[float, int]:
-    while time.monotonic() - t0 < READY_DEADLINE_S:
-        if proc.poll() is not None:
-            raise TraceError(f"the traced boot exited {proc.returncode} before READY:\n"
-                             f"{log_path.read_text(errors='replace')[-4000:]}")
-        if progress:
-            progress.spin(f"tracing boot to READY ({time.monotonic() - t0:.1f} s)")
-        try:
-            data = notify.recv(4096)
-        except socket.timeout:
-            continue
-        fields = data.split(b"\n")
-        if b"READY=1" in fields:
-            pids = [int(f[len(b"MAINPID="):]) for f in fields if f.startswith(b"MAINPID=")]
-            return time.monotonic() - t0, (pids[0] if pids else proc.pid)
-    raise TraceError(f"no READY=1 within {READY_DEADLINE_S} s:\n{log_path.read_text(errors='replace')[-4000:]}")

@@ -54,7 +54,7 @@ def test_stats_match_numpy_percentiles():
 def _fake_runtime_run(total: float, import_end: float, engine_import: float, ready: float) -> dict:
     stages = [
         {"stage": "interpreter", "start_ms": 0.0, "end_ms": 30.0},
-        {"stage": "import_runtime", "start_ms": 40.0, "end_ms": import_end},
+        {"stage": "import_tokenizer", "start_ms": 40.0, "end_ms": import_end},
         {"stage": "verify_package", "start_ms": import_end, "end_ms": ready - 5, "overlapped": True},
         {"stage": "import_engine", "start_ms": import_end + 1, "end_ms": import_end + 1 + engine_import},
     ]
@@ -67,7 +67,7 @@ def _fake_runtime_run(total: float, import_end: float, engine_import: float, rea
 def test_phase_durations_and_own_stages():
     run = _fake_runtime_run(total=500.0, import_end=200.0, engine_import=50.0, ready=480.0)
     d = R.phase_durations(run)
-    assert d["interpreter"] == 30.0 and d["boot_imports"] == 10.0 and d["import_runtime"] == 160.0
+    assert d["interpreter"] == 30.0 and d["boot_imports"] == 10.0 and d["import_tokenizer"] == 160.0
     assert d["ready_to_reply"] == 20.0 and d["exec_to_ready"] == 480.0 and d["total"] == 500.0
     # the sum of every stage but interpreter start-up and imports: verify_package and ready_to_reply here
     assert d["own_stages"] == (480.0 - 5 - 200.0) + 20.0
@@ -163,7 +163,7 @@ def test_real_run_passes_a_huge_budget(real_run):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[1/2]" in proc.stderr and "[2/2]" in proc.stderr  # progress
     assert proc.stdout.strip().splitlines()[-1].startswith("PASS")
-    assert "TOTAL exec -> first reply" in proc.stdout and "import_runtime" in proc.stdout
+    assert "TOTAL exec -> first reply" in proc.stdout and "import_tokenizer" in proc.stdout
 
 
 def test_real_run_record(real_run):
@@ -187,7 +187,7 @@ def test_real_run_record(real_run):
         rt, base = pair["runtime"], pair["baseline"]
         assert rt["cosine"] >= L.MIN_COSINE and base["cosine"] >= L.MIN_COSINE
         stages = [st["stage"] for st in rt["timeline"]["stages"]]
-        assert stages[0] == "interpreter" and {"import_runtime", "warm_buckets"} <= set(stages)
+        assert stages[0] == "interpreter" and {"import_tokenizer", "warm_buckets"} <= set(stages)
         # One clock: the runtime's READY lies between its exec and our reply.
         assert 0 < rt["timeline"]["exec_to_ready_ms"] <= rt["total_ms"]
         assert pair["ratio"] == pytest.approx(base["total_ms"] / rt["total_ms"])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zmq
 
-from bench.serve import Server
+from bench.serve_server import Server
 from bench.textmix import KINDS, describe, text_mix
 from edge.ipc import protocol as P
 
@@ -35,10 +35,13 @@ def test_text_mix_is_seeded_and_valid():
 def test_describe_counts_buckets_and_truncation(minilm_package):
     from edge.preload.manifest import open_package
     from edge.preload.tokenizer import Tokenizer
+    from edge.serving.shapes import BatchShapes
+    from edge.settings import ServingSettings
 
     pkg = open_package(minilm_package, verify="size")
     tok = Tokenizer.open(pkg.path(pkg.manifest.tokenizer))
-    d = describe(["hi", "word " * 400], tok, [16, 32, 64, 128, 256], 256)
+    shapes = BatchShapes(ServingSettings(buckets=[16, 32, 64, 128, 256]), max_seq_length=256)
+    d = describe(["hi", "word " * 400], tok, shapes)
     assert d["tokens"]["min"] == 3 and d["tokens"]["max"] == 256
     assert d["truncated_share"] == 0.5
     assert d["bucket_share"] == {"16": 0.5, "32": 0.0, "64": 0.0, "128": 0.0, "256": 0.5}

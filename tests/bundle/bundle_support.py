@@ -9,16 +9,14 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from edge.readiness import NotifiedProcess, NotReady, stop_process  # noqa: F401 - stop_process: for the tests
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -58,68 +56,54 @@ def prepare_socket_dir(meta: dict) -> Path:
     return d
 
 
-@dataclass
-class Container:
-    id: str
-    runc: str
-    proc: subprocess.Popen
-    notify: socket.socket
-    log_path: Path
-    notices: list[bytes] = field(default_factory=list)
+class Container(NotifiedProcess):
+    """``runc run --bundle BUNDLE ID`` (in a session of its own), output in ``WORKDIR/ID.log``.
 
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
+    Stopping sends ``runc kill ID TERM`` (the drain path), then ``runc kill ID KILL``; the
+    container is always deleted.
+    """
+
+    def __init__(self, bundle: Path, workdir: Path, runc: str, prefix: str) -> None:
+        self.runc = runc
+        self.id = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        super().__init__([runc, "run", "--bundle", str(bundle), self.id], notify_path=workdir / "notify.sock",
+                         log_path=workdir / f"{self.id}.log", new_session=True,
+                         terminate=lambda _proc: self._runc("kill", self.id, "TERM"), kill=self._kill_all)
+
+    def _runc(self, *args: str, timeout: float = 10) -> subprocess.CompletedProcess:
+        return subprocess.run([self.runc, *args], capture_output=True, timeout=timeout)
+
+    def _kill_all(self, proc: subprocess.Popen) -> None:
+        self._runc("kill", self.id, "KILL")
+        proc.kill()  # runc run itself, should it wait for a dead init
+
+    def output(self, tail: int | None = None) -> str:
+        return super().output(tail)
 
     def wait_ready(self, deadline_s: float = READY_DEADLINE_S) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < deadline_s:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"runc run exited {self.proc.returncode} before READY:\n{self.output()}")
-            try:
-                self.notices.append(self.notify.recv(4096))
-            except socket.timeout:
-                continue
-            if any(b"READY=1" in n.split(b"\n") for n in self.notices):
-                return time.monotonic() - t0
-        raise AssertionError(f"no READY=1 within {deadline_s} s:\n{self.output()}")
+        """Seconds from start to READY=1; an AssertionError with the output if it never comes."""
+        try:
+            return super().wait_ready(deadline_s)
+        except NotReady as exc:
+            raise AssertionError(f"runc run {exc}") from None
 
     def exec(self, *cmd: str, user: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
         args = [self.runc, "exec", *(["--user", user] if user else []), self.id, *cmd]
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
 
-    def stop(self) -> int | None:
+    def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM (the drain path), then whatever it takes; the container is always deleted."""
         try:
-            if self.proc.poll() is None:
-                subprocess.run([self.runc, "kill", self.id, "TERM"], capture_output=True, timeout=10)
-                try:
-                    self.proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    subprocess.run([self.runc, "kill", self.id, "KILL"], capture_output=True, timeout=10)
-                    self.proc.kill()  # runc run itself, should it wait for a dead init
-                    self.proc.wait(10)
+            return super().stop(timeout_s)
         finally:
-            subprocess.run([self.runc, "delete", "--force", self.id], capture_output=True, timeout=30)
-            self.notify.close()
-        return self.proc.returncode
+            self._runc("delete", "--force", self.id, timeout=30)
 
 
 def start_container(bundle: Path, workdir: Path, prefix: str = "edge-test") -> Container:
     """``runc run --bundle`` with a NOTIFY_SOCKET the test listens on; does not wait."""
     runc = runc_or_skip()
     workdir.mkdir(parents=True, exist_ok=True)
-    notify_path = workdir / "notify.sock"
-    notify_path.unlink(missing_ok=True)
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(notify_path))
-    notify.settimeout(0.2)
-    cid = f"{prefix}-{uuid.uuid4().hex[:10]}"
-    log_path = workdir / f"{cid}.log"
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path)}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([runc, "run", "--bundle", str(bundle), cid], env=env, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return Container(cid, runc, proc, notify, log_path)
+    return Container(bundle, workdir, runc, prefix)
 
 
 def plain_runtime(package: Path, workdir: Path, env: dict[str, str]):
@@ -133,13 +117,3 @@ def plain_runtime(package: Path, workdir: Path, env: dict[str, str]):
         env={**os.environ, **env, "HOME": str(workdir / "home")}, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     return proc, address
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
