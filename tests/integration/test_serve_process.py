@@ -70,7 +70,7 @@ def test_cli_embed_health_stats(ort_runtime, st_model):
     assert _cli("health", "--connect", ort_runtime.address).returncode == 0
     stats = json.loads(_cli("stats", "--connect", ort_runtime.address).stdout)
     stages = [s["stage"] for s in stats["timeline"]["stages"]]
-    for stage in ("open_package", "import_engine", "map_weights", "load_tokenizer", "verify_package",
+    for stage in ("open_package", "import_engine", "load_engine", "load_tokenizer", "verify_package",
                   "prewarm_device", "preallocate", "warm_buckets", "bind"):
         assert stage in stages, stages
     assert stats["timeline"]["exec_to_ready_ms"] > 0
@@ -109,7 +109,11 @@ def test_drain_on_sigterm_answers_every_request_once(minilm_package, tmp_path):
                     sent[i] += 1
 
         send_some(10)
-        time.sleep(0.05)
+        with EdgeClient(rt.address, timeout_s=30) as probe:  # the signal comes once all 40 have arrived
+            received_by = time.monotonic() + 30
+            while (received := probe.stats()["requests"].get("infer", 0)) < sum(sent.values()):
+                assert time.monotonic() < received_by, f"the runtime received {received} of {sum(sent.values())} requests"
+                time.sleep(0.005)  # poll interval
         rt.proc.send_signal(__import__("signal").SIGTERM)
         send_some(5)  # these race the drain: a result or SHUTTING_DOWN, never silence
         replies = {i: [] for i in range(len(socks))}
@@ -176,10 +180,13 @@ def test_torchscript_engine_serves_the_same_embeddings(minilm_package, tmp_path,
         rt.wait_ready()
         with EdgeClient(rt.address, timeout_s=60) as client:
             result = client.embed(TEXTS)
-            health = client.health()
+            stats = client.stats()
         ref = st_model.encode(TEXTS, normalize_embeddings=True)
         assert np.abs(result.embeddings - ref).max() <= 1e-4
-        assert result.meta.get("engine", health.get("engine", "torchscript")) == "torchscript"
+        # the engine that served, as the reply and the runtime's lineage name it: never a default
+        assert "engine" in result.meta, f"the reply does not name its engine: {result.meta}"
+        assert result.meta["engine"] == "torchscript", result.meta
+        assert stats["lineage"]["engine"] == "torchscript", stats["lineage"]
     finally:
         assert rt.stop() == 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import selectors
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,34 @@ from ipc_fakes import FakeTokenizer, expected_embedding
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+READY_DEADLINE_S = 30.0
+
+
+def first_line_within(fd: int, timeout_s: float) -> tuple[str | None, bytes, bool]:
+    """(the first line written to pipe ``fd`` or None, all the bytes read, whether the pipe was
+    closed before a line ended); None without EOF: no line within ``timeout_s``. Reads the pipe
+    itself: nothing may have been read from its file object before."""
+    out = b""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while b"\n" not in out:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                return None, out, False
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None, out, True
+            out += chunk
+    return out.split(b"\n", 1)[0].decode(errors="replace"), out, False
+
+
+def wait_until(condition, timeout_s: float, what: str):
+    """Poll ``condition()`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.005)  # poll interval
 
 
 class ServerProcess:
@@ -34,11 +63,16 @@ class ServerProcess:
             [sys.executable, os.path.join(HERE, "serve_fake.py"), "--bind", self.address, *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         )
-        deadline = time.monotonic() + 30
-        line = self.proc.stdout.readline()  # blocks until READY or the process ends
-        if not line.startswith("READY") or time.monotonic() > deadline:
-            self.kill()
-            raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
+        line, out, closed = first_line_within(self.proc.stdout.fileno(), READY_DEADLINE_S)
+        if line is None or not line.startswith("READY"):
+            if line is not None:
+                why = f"its first line is {line!r}"
+            else:
+                why = "it closed stdout (exited?)" if closed else f"no line within {READY_DEADLINE_S:.0f} s"
+            self.kill()  # a hung child too: its stderr can then be read to the end
+            raise RuntimeError(f"server did not print READY: {why} (exit code {self.proc.returncode})\n"
+                               f"stdout: {out[-2000:].decode(errors='replace')}\n"
+                               f"stderr: {self.proc.stderr.read()[-4000:]}")
 
     def rss_kib(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -199,7 +233,7 @@ def test_idle_cpu_below_one_percent(server):
     with EdgeClient(server.address, timeout_s=5) as c:
         for _ in range(20):
             c.embed(["warm up the loop", "two"])
-    time.sleep(0.5)
+        wait_until(lambda: c.stats()["queue"]["in_flight"] == 0, 5, "the server to hold no request")
     cpu0, t0 = server.cpu_s(), time.monotonic()
     time.sleep(3.0)
     cpu1, t1 = server.cpu_s(), time.monotonic()
@@ -232,13 +266,14 @@ def test_cli_against_process(server):
 def test_sigterm_drains_every_request_then_exits():
     proc = ServerProcess("--sleep-ms", "30")  # 120 texts, 8 per batch: ~0.5 s of work in flight
     try:
-        with EdgeClient(proc.address, timeout_s=10) as c:
+        with EdgeClient(proc.address, timeout_s=10) as c, EdgeClient(proc.address, timeout_s=10) as h:
             n = 60
             for i in range(n):
                 c.send("infer", {"texts": [f"sig {i}", "other text"], "request_id": i})
-            time.sleep(0.05)
+            wait_until(lambda: h.stats()["requests"].get("infer", 0) == n, 10, f"the server to receive the {n} requests")
             proc.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.05)  # the server is draining, still busy with the 60 requests
+            # the server is draining, still busy with the 60 requests
+            wait_until(lambda: h.health()["state"] == "draining", 10, "the server to start draining")
             for i in range(n, n + 5):
                 c.send("infer", {"texts": ["after"], "request_id": i})
             got = {}

@@ -18,6 +18,7 @@ from edge.errors import EdgeError, ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 from edge.ipc.server import IpcServer, Lifecycle, default_bind_address
+from edge.serving.core import ServingCore
 from ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding, text_of_tokens
 
 E = ErrorCode
@@ -39,6 +40,15 @@ def by_rid(replies):
         assert rid not in out, f"two replies for {rid}"
         out[rid] = r
     return out
+
+
+def wait_in_flight(server, n: int, timeout_s: float = 5.0) -> None:
+    """Until the server holds ``n`` requests, asked over a connection of its own (AssertionError after timeout_s)."""
+    deadline = time.monotonic() + timeout_s
+    with EdgeClient(server.address, timeout_s=timeout_s) as h:
+        while (held := h.health()["queue"]["in_flight"]) != n:
+            assert time.monotonic() < deadline, f"{held} requests in flight after {timeout_s} s, not {n}"
+            time.sleep(0.002)  # poll interval
 
 
 def test_default_bind_address():
@@ -71,7 +81,7 @@ def test_socket_file_modes_and_removal(make_server, sock_dir):
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o750
     assert stat.S_ISSOCK(os.stat(path).st_mode) and stat.S_IMODE(os.stat(path).st_mode) == 0o660
     # a second server on the same live socket refuses instead of stealing it
-    other = IpcServer(bind=server.address, engine=FakeEngine(), tokenizer=TOK)
+    other = IpcServer(server.address, ServingCore(FakeEngine(), TOK))
     with pytest.raises(OSError) as ei:
         other.bind()
     assert ei.value.errno == errno.EADDRINUSE
@@ -105,7 +115,7 @@ def test_req_socket_and_tcp(make_server):
     assert r.type == "infer" and len(r.extra) == 1
     np.testing.assert_allclose(P.embeddings_from_frame(r.extra[0], 1, 8)[0], expect("a b c"), rtol=1e-6)
     req.close()
-    tcp = IpcServer(bind="tcp://127.0.0.1:0", engine=FakeEngine(), tokenizer=TOK, max_seq_length=64)
+    tcp = IpcServer("tcp://127.0.0.1:0", ServingCore(FakeEngine(), TOK, max_seq_length=64))
     tcp.bind()
     tcp.start()
     try:
@@ -140,14 +150,15 @@ def test_bucket_choice_padding_and_truncation(make_server, make_client):
 
 def test_busy_engine_batches_waiting_requests(make_server, make_client):
     engine = FakeEngine()
-    server = make_server(engine, serving={"batch_sizes": [1, 2, 4, 8]}, pad_to_warmed_batch=True)
+    engine.device = "cuda:0"  # batches are padded to a warmed size on CUDA only
+    server = make_server(engine, serving={"batch_sizes": [1, 2, 4, 8]})
     c = make_client(server)
     engine.release.clear()
     c.send("infer", {"texts": ["first"], "request_id": 0})
     assert engine.running.wait(5)
     for i in range(1, 12):  # 11 texts of bucket 8 queue up behind the running batch
         c.send("infer", {"texts": [f"t{i} x"], "request_id": i})
-    time.sleep(0.2)
+    wait_in_flight(server, 12)  # all 11 are queued before the engine is released
     engine.release.set()
     replies = by_rid(collect(c, 12))
     assert sorted(replies) == list(range(12))
@@ -166,8 +177,9 @@ def test_warmed_batch_padding_defaults_to_cuda_only(make_server):
     gpu_engine = FakeEngine()
     gpu_engine.device = "cuda:0"
     gpu = make_server(gpu_engine, serving={"batch_sizes": [1, 2, 4, 8]}, name="gpu.sock")
-    assert cpu.loop._rows_for(3, 8) == 3
-    assert gpu.loop._rows_for(3, 8) == 4 and gpu.loop._rows_for(5, 8) == 8 and gpu.loop._rows_for(8, 8) == 8
+    assert cpu.core.shapes.padded_rows(3, 8) == 3
+    rows = gpu.core.shapes.padded_rows
+    assert rows(3, 8) == 4 and rows(5, 8) == 8 and rows(8, 8) == 8
 
 
 def test_many_concurrent_clients(make_server):
@@ -212,7 +224,8 @@ def test_deadline_exceeded_before_running(make_server, make_client):
     assert engine.running.wait(5)
     c.send("infer", {"texts": ["waits", text_of_tokens(30)], "request_id": "b", "deadline_ms": 30})
     c.send("infer", {"texts": ["waits too"], "request_id": "c", "deadline_ms": 60_000})
-    time.sleep(0.15)
+    wait_in_flight(server, 3)  # b and c are queued behind a
+    time.sleep(0.031)  # not ordering: b's 30 ms deadline counts from its arrival, before the line above returned
     engine.release.set()
     replies = by_rid(collect(c, 3))
     assert replies["a"].type == "infer" and replies["c"].type == "infer"
@@ -233,14 +246,15 @@ def test_cancel(make_server, make_client):
     c.send("cancel", {"request_id": "b"})
     c.send("cancel", {"request_id": "a"})  # already running: not cancelled, still answered
     c.send("cancel", {"request_id": "nope"})
-    time.sleep(0.1)
+    # answered at once by the I/O thread, which has passed b and both cancels before it to the engine loop
+    first = c.recv(5)
     # a cancel from another connection cannot touch this connection's requests
     other = make_client(server)
     with pytest.raises(EdgeError) as ei:
         other.cancel("a")
     assert ei.value.code == E.UNKNOWN_REQUEST_ID
     engine.release.set()
-    replies = collect(c, 5)
+    replies = [first] + collect(c, 4)
     kinds = [(r.type, r.body.get("request_id"), r.body.get("code"), r.body.get("cancelled")) for r in replies]
     assert ("error", "nope", E.UNKNOWN_REQUEST_ID, None) in kinds
     assert ("error", "b", E.CANCELLED, None) in kinds
@@ -298,7 +312,7 @@ def test_drain_answers_every_request_exactly_once(make_server, make_client):
     c1, c2 = make_client(server), make_client(server)
     for i in range(30):
         (c1 if i % 2 else c2).send("infer", {"texts": [f"d{i} a b", text_of_tokens(20, f"d{i}")], "request_id": i})
-    time.sleep(0.02)
+    assert engine.running.wait(5)  # the drain begins with a batch in the engine
     server.request_drain()
     assert server.state is Lifecycle.DRAINING
     for i in range(30, 40):
@@ -417,7 +431,9 @@ def test_stats_content(make_server, make_client):
     assert s["latency_ms"]["total"]["count"] == 1 and sum(s["latency_ms"]["compute"]["counts"]) == 2
     assert s["batches"]["by_bucket"]["8"]["tokens"] == 4 and s["batches"]["by_bucket"]["32"]["padded_tokens"] == 32
     assert s["settings"]["buckets"] == [8, 16, 32, 64] and s["settings"]["batch_caps"]["64"] == 4
-    assert s["queue"] == {"requests": 0, "tokens": 0, "max_requests": 64, "max_tokens": 4096, "in_flight": 0}
+    assert s["queue"] == {"texts": 0, "max_texts": 64, "tokens": 0, "max_queued_tokens": 4096, "in_flight": 0,
+                          "requests": 0, "max_requests": 64, "max_tokens": 4096}  # the last three: deprecated names
+    assert s["settings"]["max_text_tokens"] == s["settings"]["max_tokens"] == 64  # MAX_SEQ of conftest
     # string keys only: a strict msgpack decoder (and JSON) reads it
     msgpack.unpackb(msgpack.packb(s), strict_map_key=True)
     assert "edge_requests_total" in server.metrics.to_prometheus()
