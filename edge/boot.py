@@ -305,16 +305,22 @@ def serve(args) -> int:
         log("boot.failed", level="error", stage=exc.stage, code=int(exc.code), name=exc.code.name, error=str(exc),
             setting=exc.setting, timeline=timeline.as_dict())
         notify(f"STATUS=boot failed in {exc.stage}: {exc.message}"[:400])
-        print(f"edge: {exc}", file=sys.stderr)
-        return 1
+        print(f"edge serve: {exc}", file=sys.stderr)
+        return 3
     from edge.log import log
 
     record = {**timeline.as_dict(), **info}
+    if stop.is_set():  # SIGTERM while booting: stop without announcing a readiness nobody will use
+        log("shutdown.before_ready", **record)
+        server.request_drain()
+        return 0 if server.wait(args.drain_timeout) else 1
     log("boot.ready", **record)
     _write_timeline(_timeline_path(args, info["bind"]), record)
     lineage = info["lineage"]
-    notify("READY=1", f"STATUS=serving {lineage['model']} on {info['bind']} ({lineage['engine']}/{lineage['device']})",
-           f"MAINPID={os.getpid()}")
+    status = f"serving {lineage['model']} on {info['bind']} ({lineage['engine']}/{lineage['device']})"
+    notify("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
+    if sys.stderr.isatty():  # a person at a terminal: one plain line beside the JSON log
+        print(f"edge: ready in {timeline.ready_ms:.0f} ms, {status}", file=sys.stderr, flush=True)
     while not stop.wait(1.0):
         pass
     log("shutdown.draining", drain_timeout_s=args.drain_timeout)

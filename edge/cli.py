@@ -1,8 +1,7 @@
 """``edge`` command line: ``serve`` (the runtime) and ``embed``/``health``/``stats`` (a client).
 
-Exit status of the client commands: 0 success (``health``: the server is ready),
-1 the server answered with an error (``health``: alive but not ready),
-2 no reply within the timeout or a usage error.
+No user mistake prints a traceback: every error is one line on stderr naming what is wrong
+and what to change, and the exit status says which kind it was (:data:`EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -11,26 +10,53 @@ import argparse
 import json
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "EXIT_CODES"]
+
+EXIT_CODES = {
+    0: "success (health: the server is ready)",
+    1: "the server answered with an error (health: alive but not ready)",
+    2: "usage error, or no server to talk to (bad address, no socket, no reply within --timeout)",
+    3: "the runtime failed to boot, or the default package could not be built",
+    130: "interrupted (Ctrl-C)",
+    143: "terminated (SIGTERM) before the runtime started",
+}
+_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
 
 
-def _client_parser(sub: argparse._SubParsersAction, name: str, help_: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help_)
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
+
+
+def _client_parser(sub, name: str, help_: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_, description=help_, epilog=_EPILOG)
     p.add_argument("--connect", metavar="ADDR", default=None,
-                   help="server address, ipc://PATH or tcp://HOST:PORT (default: $EDGE_ADDRESS, "
-                        "else ipc://$XDG_RUNTIME_DIR/edge/edge.sock, else ipc:///run/edge/edge.sock)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="wait at most this long for the reply")
+                   help="server address: ipc://PATH, tcp://HOST:PORT, a socket path or HOST:PORT (default: "
+                        "$EDGE_ADDRESS, else ipc://$XDG_RUNTIME_DIR/edge/edge.sock, else ipc:///run/edge/edge.sock)")
+    p.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
+                   help="wait at most this long for the reply (default 5)")
     return p
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="edge", description="edge inference runtime")
-    sub = ap.add_subparsers(dest="command", required=True)
+    from edge import __version__
+
+    ap = argparse.ArgumentParser(prog="edge", description="edge inference runtime", epilog=_EPILOG)
+    ap.add_argument("--version", action="version", version=f"edge {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", help="boot the runtime and serve (`edge serve --help` lists its options)", add_help=False)
-    e = _client_parser(sub, "embed", "embed texts; prints the reply as JSON")
+    e = _client_parser(sub, "embed", "embed texts; prints one JSON line per text")
     e.add_argument("texts", nargs="+", metavar="TEXT")
+    e.add_argument("--format", choices=("lines", "reply"), default="lines",
+                   help="lines: one JSON object per text ({index, embedding, tokens, truncated, trace_id}); "
+                        "reply: the server's whole reply as one JSON document")
     e.add_argument("--request-id", default=None)
-    e.add_argument("--deadline-ms", type=float, default=None)
+    e.add_argument("--deadline-ms", type=float, default=None, help="give up on the request after this many ms")
     e.add_argument("--priority", type=int, default=None, help="0 (first) .. 2 (last); default 1")
     e.add_argument("--no-truncate", action="store_true", help="refuse texts over the model's max length")
     _client_parser(sub, "health", "exit 0 when the server is ready; prints the reply as JSON")
@@ -42,6 +68,69 @@ def _print(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def _fail(command: str, message: str, code: int = 2) -> int:
+    sys.stderr.write(f"edge {command}: {message}\n")
+    return code
+
+
+def _address(args) -> str:
+    """The address to connect to, normalized; AddressError names where it came from."""
+    from edge.ipc.endpoint import AddressError, default_address, normalize_address
+    from edge.settings import env_address
+
+    given, source = (args.connect, "--connect") if args.connect else (env_address(), "EDGE_ADDRESS")
+    if not given:
+        return default_address()
+    try:
+        return normalize_address(given)
+    except AddressError as exc:
+        raise AddressError(f"{source}: {exc}") from None
+
+
+def _print_embeddings(fmt: str, result) -> None:
+    if fmt == "reply":
+        sys.stdout.write(json.dumps({**result.meta, "embeddings": result.embeddings.tolist()}, sort_keys=True) + "\n")
+        return
+    meta = result.meta
+    for i, row in enumerate(result.embeddings):
+        sys.stdout.write(json.dumps({"index": i, "embedding": row.tolist(), "tokens": meta["token_counts"][i],
+                                     "truncated": meta["truncated"][i], "trace_id": meta["trace_id"]}) + "\n")
+
+
+def _client(args) -> int:
+    from edge.errors import EdgeError
+    from edge.ipc.client import EdgeClient
+    from edge.ipc.endpoint import AddressError, check_ipc_server
+
+    try:
+        address = _address(args)
+        check_ipc_server(address)
+    except (AddressError, FileNotFoundError) as exc:
+        return _fail(args.command, exc.strerror if isinstance(exc, OSError) else str(exc))
+    client = EdgeClient(address, timeout_s=args.timeout)
+    try:
+        if args.command == "embed":
+            result = client.embed(args.texts, request_id=args.request_id, deadline_ms=args.deadline_ms,
+                                  priority=args.priority, truncate=False if args.no_truncate else None)
+            _print_embeddings(args.format, result)
+            return 0
+        if args.command == "health":
+            body = client.health()
+            _print(body)
+            return 0 if body.get("ready") else 1
+        _print(client.stats())
+        return 0
+    except EdgeError as exc:
+        _print({"error": {"code": int(exc.code), "name": exc.name, "message": exc.message,
+                          "trace_id": getattr(exc, "trace_id", None)}})
+        return _fail(args.command, f"the server refused: {exc}", 1)
+    except TimeoutError:
+        return _fail(args.command, f"no reply from {address} within {args.timeout:g} s (is the server running "
+                                   f"and ready? `edge health --connect ADDR`; a busy server may need a larger --timeout)")
+    finally:
+        client.close()
+
+
 def serve(argv: list[str]) -> int:
     """``edge serve``: on a build host, build the default package if none is named; then exec the
     runtime exactly as a device starts it (``python -S -m edge.boot``, ``edge/launch.py``), so its
@@ -50,16 +139,14 @@ def serve(argv: list[str]) -> int:
 
     from edge.settings import parse_serve_args
 
-    args = parse_serve_args(argv)  # a usage error stops here, before any build
+    args = parse_serve_args(argv)  # a usage error (a bad address included) stops here, before any build
     if args.package is None:
-        from edge.default_package import default_package_dir, ensure_default_package
-        from edge.errors import BootError
+        from edge.default_package import PackageBuildError, default_package_dir, ensure_default_package
 
         try:
             argv = [*argv, "--package", str(ensure_default_package(default_package_dir()))]
-        except BootError as exc:
-            sys.stderr.write(f"edge serve: {exc}\n")
-            return 3
+        except PackageBuildError as exc:
+            return _fail("serve", str(exc), exc.exit_code)
     from edge.launch import boot_argv, boot_env
 
     command = [*boot_argv(), *argv]
@@ -71,37 +158,13 @@ def serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "serve":
-        return serve(argv[1:])
-    args = _parser().parse_args(argv)
-
-    from edge.errors import EdgeError
-    from edge.ipc.client import EdgeClient
-
-    client = EdgeClient(args.connect, timeout_s=args.timeout)
     try:
-        if args.command == "embed":
-            r = client.embed(
-                args.texts, request_id=args.request_id, deadline_ms=args.deadline_ms, priority=args.priority,
-                truncate=False if args.no_truncate else None,
-            )
-            _print({**r.meta, "embeddings": r.embeddings.tolist()})
-            return 0
-        if args.command == "health":
-            body = client.health()
-            _print(body)
-            return 0 if body.get("ready") else 1
-        _print(client.stats())
-        return 0
-    except EdgeError as exc:
-        _print({"error": {"code": int(exc.code), "name": exc.name, "message": exc.message,
-                          "trace_id": getattr(exc, "trace_id", None)}})
-        return 1
-    except TimeoutError as exc:
-        sys.stderr.write(f"edge {args.command}: {exc}\n")
-        return 2
-    finally:
-        client.close()
+        if argv and argv[0] == "serve":
+            return serve(argv[1:])
+        return _client(_parser().parse_args(argv))
+    except KeyboardInterrupt:
+        sys.stderr.write("edge: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

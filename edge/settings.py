@@ -43,13 +43,14 @@ ENVIRONMENT = {
     "EDGE_PACKAGE": "edge serve --package",
     "EDGE_ENGINE": "edge serve --engine",
     "EDGE_DEVICE": "edge serve --device",
-    "EDGE_BIND": "edge serve --bind",
+    "EDGE_ADDRESS": "the server's address (edge serve --bind) and the clients' (--connect): ipc://PATH, "
+                    "tcp://HOST:PORT, a socket path or HOST:PORT",
+    "EDGE_BIND": "deprecated alias of EDGE_ADDRESS (read when EDGE_ADDRESS is unset)",
     "EDGE_TIMELINE": "edge serve --timeline",
     "EDGE_VERIFY": "edge serve --verify",
     "EDGE_DRAIN_TIMEOUT_S": "edge serve --drain-timeout",
     "EDGE_CUDA_RESERVE_MB": "edge serve --cuda-reserve-mb",
     "EDGE_LOG_LEVEL": "edge serve --log-level",
-    "EDGE_ADDRESS": "the clients' --connect default (and the server's when EDGE_BIND is unset)",
     "EDGE_ORT_LIBRARY": "path of libonnxruntime.so to load instead of the one in the onnxruntime wheel",
     "EDGE_EXEC_BOOTTIME_NS": "CLOCK_BOOTTIME (ns) just before exec, set by a launcher that timed it (edge-coldstart)",
     "EDGE_BUNDLE_SHA256": "the bundle's digest, set in the bundle's config.json; replies carry it in their lineage",
@@ -118,8 +119,9 @@ class ServingSettings(Record):
     }
     # What warm-up runs per device kind. On a CPU kernels need no loading: one run per bucket
     # at batch 1 pages the weights in and sizes the arena. TorchScript's profiling executor
-    # specialises after 2-3 calls (LAB.md), so CUDA runs each shape 3 times, at every batch
-    # size a batch can be padded to (None: ``batch_sizes``).
+    # specialises after 2-3 calls (measured with MiniLM: a shape's first 2-3 calls run below
+    # steady speed), so CUDA runs each shape 3 times, at every batch size a batch can be
+    # padded to (None: ``batch_sizes``).
     WARM_DEFAULTS = {
         "cpu": {"batch_sizes": [1], "repeats": 1},
         "cuda": {"batch_sizes": None, "repeats": 3},
@@ -167,46 +169,98 @@ class ServingSettings(Record):
 # ------------------------------------------------------------------ edge serve
 
 
+def _number(kind, env_name: str):
+    """An argparse type: ``kind`` (int or float), with an error naming the flag's variable too."""
+    import argparse
+
+    def convert(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} (from the flag or {env_name})") from None
+
+    return convert
+
+
+# The flags whose value is one of a few words: (flag's dest, choices, variable).
+_CHOICES = (("engine", ENGINES, "EDGE_ENGINE"), ("device", ("auto", "cpu", "cuda"), "EDGE_DEVICE"),
+            ("verify", ("full", "size"), "EDGE_VERIFY"),
+            ("log_level", ("debug", "info", "warning", "error"), "EDGE_LOG_LEVEL"))
+
+
 def serve_parser(env: dict | None = None):
     """``edge serve``'s parser; each flag's default is its ``EDGE_*`` variable."""
     import argparse
 
     e = lambda name, default=None: _env(name, env) or default  # noqa: E731
-    p = argparse.ArgumentParser(prog="edge serve", description="Boot the runtime and serve ZeroMQ requests.")
+    choices = {dest: c for dest, c, _ in _CHOICES}
+    p = argparse.ArgumentParser(
+        prog="edge serve", description="Boot the runtime and serve ZeroMQ requests.",
+        epilog="exit status: 0 stopped cleanly after SIGTERM; 1 stopped before every request in flight was "
+               "answered (drain timeout); 2 usage error; 3 boot failure (the error names the stage and the "
+               "setting to change)")
     p.add_argument("--package", default=e("EDGE_PACKAGE"),
                    help="model package directory (env EDGE_PACKAGE; `edge serve` on a build host builds the "
                         "default package when neither is given)")
-    p.add_argument("--engine", choices=ENGINES, default=e("EDGE_ENGINE", DEFAULT_ENGINE),
+    p.add_argument("--engine", choices=choices["engine"], default=e("EDGE_ENGINE", DEFAULT_ENGINE),
                    help="inference engine (env EDGE_ENGINE)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=e("EDGE_DEVICE", "auto"),
+    p.add_argument("--device", choices=choices["device"], default=e("EDGE_DEVICE", "auto"),
                    help="where the engine runs; auto picks CUDA when present (env EDGE_DEVICE)")
-    p.add_argument("--bind", default=e("EDGE_BIND") or e("EDGE_ADDRESS"),
-                   help="ZeroMQ address (default ipc:// under $XDG_RUNTIME_DIR or /run/edge; env EDGE_BIND, "
-                        "else EDGE_ADDRESS)")
+    p.add_argument("--bind", metavar="ADDR", default=env_address(env),
+                   help="where to listen: ipc://PATH, tcp://HOST:PORT, a socket path or HOST:PORT (default "
+                        "ipc://$XDG_RUNTIME_DIR/edge/edge.sock, else ipc:///run/edge/edge.sock; env EDGE_ADDRESS)")
     p.add_argument("--timeline", default=e("EDGE_TIMELINE"),
                    help="file for the boot timeline JSON (default: beside the ipc socket, else /tmp; env EDGE_TIMELINE)")
-    p.add_argument("--verify", choices=("full", "size"), default=e("EDGE_VERIFY", "full"),
+    p.add_argument("--verify", choices=choices["verify"], default=e("EDGE_VERIFY", "full"),
                    help="package check at boot: sha256 of the files the engine maps (overlapped with the engine "
                         "import) or sizes only (env EDGE_VERIFY)")
-    p.add_argument("--drain-timeout", type=float, default=float(e("EDGE_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S)),
+    p.add_argument("--drain-timeout", type=_number(float, "EDGE_DRAIN_TIMEOUT_S"), metavar="SECONDS",
+                   default=e("EDGE_DRAIN_TIMEOUT_S", str(DEFAULT_DRAIN_TIMEOUT_S)),
                    help="seconds to finish in-flight requests after SIGTERM (env EDGE_DRAIN_TIMEOUT_S)")
-    p.add_argument("--cuda-reserve-mb", type=int, default=int(e("EDGE_CUDA_RESERVE_MB", DEFAULT_CUDA_RESERVE_MB)),
+    p.add_argument("--cuda-reserve-mb", type=_number(int, "EDGE_CUDA_RESERVE_MB"), metavar="MIB",
+                   default=e("EDGE_CUDA_RESERVE_MB", str(DEFAULT_CUDA_RESERVE_MB)),
                    help="device memory reserved up front on CUDA, MiB (env EDGE_CUDA_RESERVE_MB)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=e("EDGE_LOG_LEVEL", "info"),
+    p.add_argument("--log-level", choices=choices["log_level"], default=e("EDGE_LOG_LEVEL", "info"),
                    help="JSON log lines at this level and above; debug adds a line per reply (env EDGE_LOG_LEVEL)")
     return p
 
 
 def parse_serve_args(argv: list[str] | None = None, env: dict | None = None):
-    return serve_parser(env).parse_args(argv)
+    """Parse and check ``edge serve``'s arguments; a usage error exits 2 naming the flag or variable.
+
+    The address is normalized here (``ipc://`` and ``tcp://`` forms, a bare path, ``HOST:PORT``),
+    so a bad port or host is refused before the boot starts.
+    """
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = serve_parser(env)
+    args = parser.parse_args(argv)
+    if args.bind:
+        from edge.ipc.endpoint import AddressError, normalize_address
+
+        try:
+            args.bind = normalize_address(args.bind, bind=True)
+        except AddressError as exc:
+            given = any(a == "--bind" or a.startswith("--bind=") for a in argv)
+            parser.error(f"{'argument --bind' if given else 'EDGE_ADDRESS'}: {exc}")
+    for dest, allowed, name in _CHOICES:  # argparse checks choices of a flag, not of its default
+        if getattr(args, dest) not in allowed:
+            parser.error(f"{name}={getattr(args, dest)!r}: choose one of {', '.join(allowed)}")
+    if args.drain_timeout < 0:
+        parser.error("argument --drain-timeout: give seconds >= 0")
+    if args.cuda_reserve_mb < 0:
+        parser.error("argument --cuda-reserve-mb: give MiB >= 0")
+    return args
 
 
 # ------------------------------------------------------------------ other EDGE_* variables
 
 
 def env_address(env: dict | None = None) -> str | None:
-    """The address clients connect to when no --connect is given."""
-    return _env("EDGE_ADDRESS", env)
+    """The address the server binds and clients connect to, when no flag names one."""
+    return _env("EDGE_ADDRESS", env) or _env("EDGE_BIND", env)
 
 
 def ort_library_override(env: dict | None = None) -> str | None:

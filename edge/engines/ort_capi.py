@@ -193,7 +193,8 @@ def find_library() -> Path:
             "onnxruntime is not installed (no C library to load)",
             ErrorCode.ENGINE_UNAVAILABLE,
             stage="load_engine",
-            setting="install onnxruntime / onnxruntime-gpu or set EDGE_ORT_LIBRARY",
+            setting="pip install 'edge[onnxruntime]' (onnxruntime-gpu built for L4T on a Jetson), "
+                    "or set EDGE_ORT_LIBRARY to a libonnxruntime.so, or --engine torchscript",
         )
     capi = Path(list(spec.submodule_search_locations)[0]) / "capi"
     found = sorted(capi.glob("libonnxruntime.so*")) or sorted(capi.glob("libonnxruntime*.dylib"))

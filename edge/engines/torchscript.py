@@ -30,7 +30,7 @@ def _import_torch():
         import torch
     except ImportError as exc:
         raise EngineError("torch is not installed", ErrorCode.ENGINE_UNAVAILABLE, stage="load_engine",
-                          setting="install torch (JetPack wheel on a device) or use engine onnxruntime") from exc
+                          setting="pip install 'edge[torch]' (NVIDIA's JetPack wheel on a Jetson), or --engine onnxruntime") from exc
     return torch
 
 

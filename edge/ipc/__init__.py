@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["IpcServer", "Lifecycle", "default_bind_address", "EdgeClient", "EmbedResult"]
+__all__ = ["IpcServer", "Lifecycle", "default_bind_address", "EdgeClient", "EmbedResult", "default_address",
+           "normalize_address", "AddressError"]
 
 _WHERE = {
     "IpcServer": "edge.ipc.server",
@@ -16,6 +17,9 @@ _WHERE = {
     "default_bind_address": "edge.ipc.server",
     "EdgeClient": "edge.ipc.client",
     "EmbedResult": "edge.ipc.client",
+    "default_address": "edge.ipc.endpoint",
+    "normalize_address": "edge.ipc.endpoint",
+    "AddressError": "edge.ipc.endpoint",
 }
 
 

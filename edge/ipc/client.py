@@ -45,11 +45,9 @@ def raise_for_error(reply: P.Reply) -> P.Reply:
 class EdgeClient:
     def __init__(self, connect: str | None = None, timeout_s: float = 5.0, encoding: str = P.MSGPACK,
                  context: zmq.Context | None = None) -> None:
-        if connect is None:
-            from edge.ipc.endpoint import default_bind_address
+        from edge.ipc.endpoint import default_address, normalize_address
 
-            connect = default_bind_address()
-        self.address = connect
+        self.address = normalize_address(connect) if connect is not None else default_address()
         self.timeout_s = timeout_s
         self.encoding = encoding
         self._ctx = context or zmq.Context.instance()

@@ -1,7 +1,12 @@
-"""Where the server listens: the default address and the ipc:// socket file.
+"""Where the server listens and clients connect: addresses, the default, the ipc:// socket file.
 
-The socket file is what keeps other users out (DESIGN.md: "a file the owner
-and the group can reach, nothing else"): its directory is made 0750 when we
+An address is given as ``ipc://PATH``, ``tcp://HOST:PORT``, a bare path (ipc) or ``HOST:PORT``
+(tcp), by a flag (``--bind``, ``--connect``) or by ``EDGE_ADDRESS``, which the server and the
+clients both read. :func:`normalize_address` turns any of them into the ZeroMQ form or refuses
+it with :class:`AddressError`, whose message says what to write instead, before anything starts.
+
+The socket file is what keeps other users out (docs/design.md, "Protocol": "a file the
+owner and the group can reach, nothing else"): its directory is made 0750 when we
 create it and the file 0660 right after bind.
 """
 
@@ -9,13 +14,85 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import stat
 
-__all__ = ["default_bind_address", "ipc_path", "prepare_ipc_path", "remove_ipc_file"]
+__all__ = ["AddressError", "normalize_address", "default_address", "default_bind_address", "ipc_path",
+           "check_ipc_server", "prepare_ipc_path", "remove_ipc_file"]
+
+FORMS = "ipc://PATH, tcp://HOST:PORT, a socket path, or HOST:PORT"
+MAX_IPC_PATH = 107  # bytes: sun_path of an AF_UNIX address, less its terminating NUL
 
 
-def default_bind_address(env: dict | None = None) -> str:
+class AddressError(ValueError):
+    """An address that cannot work; the message names the accepted forms."""
+
+
+def _port(text: str, address: str, bind: bool) -> int:
+    if not text.isdigit() or not (0 if bind else 1) <= int(text) <= 65535:
+        low = 0 if bind else 1
+        raise AddressError(f"{address!r}: port {text!r} is not a number in {low}..65535"
+                           + (" (0: any free port)" if bind else ""))
+    return int(text)
+
+
+def _check_host(host: str, address: str, bind: bool) -> None:
+    if not host:
+        raise AddressError(f"{address!r}: no host before the port; write tcp://HOST:PORT")
+    if not bind or host == "*":
+        return  # a client resolves when it connects; "*" is every interface
+    import socket  # not at module level: boot normalizes its ipc address without it
+    try:
+        socket.if_nametoindex(host)  # zmq binds an interface name too (eth0)
+        return
+    except OSError:
+        pass
+    try:
+        socket.getaddrinfo(host.strip("[]"), None)
+    except OSError:
+        raise AddressError(f"{address!r}: host {host!r} is not an address, a name or an interface of this "
+                           f"machine; use 127.0.0.1 (this machine only) or * (every interface)") from None
+
+
+def _tcp(host: str, port: str, address: str, bind: bool) -> str:
+    _check_host(host, address, bind)
+    return f"tcp://{host}:{_port(port, address, bind)}"
+
+
+def normalize_address(text: str, *, bind: bool = False) -> str:
+    """``text`` in ZeroMQ's form (``ipc://`` with an absolute path, or ``tcp://HOST:PORT``).
+
+    ``bind``: the server's address (port 0 and host ``*`` allowed, the host must exist here).
+    Raises :class:`AddressError` naming the problem and the forms accepted.
+    """
+    t = (text or "").strip()
+    if not t:
+        raise AddressError(f"empty address; use {FORMS}")
+    scheme, sep, rest = t.partition("://")
+    if sep and scheme == "ipc":
+        path = rest
+    elif sep and scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon:
+            raise AddressError(f"{t!r}: no port; write tcp://HOST:PORT")
+        return _tcp(host, port, t, bind)
+    elif sep:
+        raise AddressError(f"{t!r}: scheme {scheme!r} is not served; use {FORMS}")
+    else:
+        host, colon, port = t.rpartition(":")
+        if colon and port.isdigit() and "/" not in host:  # HOST:PORT
+            return _tcp(host, port, t, bind)
+        path = t
+    if not path:
+        raise AddressError(f"{t!r}: no socket path; write ipc:///run/edge/edge.sock or a path")
+    if not path.startswith("@"):  # "@name": Linux's abstract namespace, no file
+        path = os.path.abspath(os.path.expanduser(path))
+    if len(path.encode()) > MAX_IPC_PATH:
+        raise AddressError(f"{t!r}: a socket path holds at most {MAX_IPC_PATH} bytes, this one "
+                           f"{len(path.encode())}; choose a shorter directory")
+    return f"ipc://{path}"
+
+
+def default_address(env: dict | None = None) -> str:
     """``$EDGE_ADDRESS``, else ``ipc://$XDG_RUNTIME_DIR/edge/edge.sock``, else ``ipc:///run/edge/edge.sock``."""
     from edge.settings import env_address
 
@@ -24,6 +101,28 @@ def default_bind_address(env: dict | None = None) -> str:
         return env_address(env)
     base = env.get("XDG_RUNTIME_DIR")
     return f"ipc://{os.path.join(base, 'edge')}/edge.sock" if base else "ipc:///run/edge/edge.sock"
+
+
+def default_bind_address(env: dict | None = None) -> str:
+    """:func:`default_address`, by its name from before the server and the clients shared it."""
+    return default_address(env)
+
+
+def check_ipc_server(address: str) -> None:
+    """For a client: refuse at once an ipc address whose socket file does not exist.
+
+    ZeroMQ would connect lazily and the request would only time out; a missing file means
+    no server has ever bound there (or it stopped and removed it).
+    """
+    path = ipc_path(address)
+    if path is None or path.startswith("@"):
+        return
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"no server at {address}: the socket file does not exist "
+                                f"(is `edge serve` running? check --connect or EDGE_ADDRESS)", path)
+    if not stat.S_ISSOCK(os.stat(path).st_mode):
+        raise FileNotFoundError(errno.ENOTSOCK, f"{path} is not a socket; --connect names the server's socket file",
+                                path)
 
 
 def ipc_path(address: str) -> str | None:
@@ -40,6 +139,8 @@ def prepare_ipc_path(path: str) -> None:
         return
     if not stat.S_ISSOCK(os.lstat(path).st_mode):
         raise FileExistsError(errno.EEXIST, "exists and is not a socket; refusing to replace it", path)
+    import socket
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)

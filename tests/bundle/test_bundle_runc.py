@@ -27,7 +27,7 @@ def _embed_cli(address: str, texts: list[str]) -> np.ndarray:
     out = subprocess.run([sys.executable, "-m", "edge.cli", "embed", "--connect", address, "--timeout", "30", *texts],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr + out.stdout
-    return np.asarray(json.loads(out.stdout)["embeddings"], dtype=np.float32)
+    return np.asarray([json.loads(line)["embedding"] for line in out.stdout.splitlines()], dtype=np.float32)
 
 
 @pytest.fixture(scope="module")

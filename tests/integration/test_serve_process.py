@@ -62,8 +62,8 @@ def test_embeddings_match_sentence_transformers(ort_runtime, st_model):
 def test_cli_embed_health_stats(ort_runtime, st_model):
     out = _cli("embed", "--connect", ort_runtime.address, TEXTS[0], TEXTS[1])
     assert out.returncode == 0, out.stderr
-    reply = json.loads(out.stdout)
-    emb = np.asarray(reply["embeddings"], dtype=np.float32)
+    lines = [json.loads(line) for line in out.stdout.splitlines()]  # one JSON line per text
+    emb = np.asarray([line["embedding"] for line in lines], dtype=np.float32)
     ref = st_model.encode(TEXTS[:2], normalize_embeddings=True)
     assert emb.shape == (2, 384) and np.abs(emb - ref).max() <= 1e-4
 

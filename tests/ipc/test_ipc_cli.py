@@ -19,9 +19,19 @@ def run_cli(capsys, *argv) -> tuple[int, dict | None, str]:
     return rc, (json.loads(out) if out.strip() else None), err
 
 
+def test_embed_prints_one_json_line_per_text(make_server, capsys):
+    server = make_server()
+    assert cli.main(["embed", "hello world", "x y z", "--connect", server.address]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["index"] for line in lines] == [0, 1] and [line["tokens"] for line in lines] == [4, 5]
+    assert np.allclose(lines[1]["embedding"], expected_embedding(FakeTokenizer().encode("x y z").ids), atol=1e-6)
+    assert lines[0]["trace_id"] == lines[1]["trace_id"] and lines[0]["truncated"] is False
+
+
 def test_embed_health_stats(make_server, capsys):
     server = make_server()
-    rc, out, _ = run_cli(capsys, "embed", "hello world", "x y z", "--connect", server.address, "--priority", "0")
+    rc, out, _ = run_cli(capsys, "embed", "hello world", "x y z", "--connect", server.address, "--priority", "0",
+                         "--format", "reply")
     assert rc == 0 and out["count"] == 2 and out["buckets"] == [8, 8]
     assert np.allclose(out["embeddings"][1], expected_embedding(FakeTokenizer().encode("x y z").ids), atol=1e-6)
     rc, out, _ = run_cli(capsys, "embed", "a " * 100, "--no-truncate", "--connect", server.address)
@@ -41,7 +51,9 @@ def test_health_exit_codes(make_server, capsys, sock_dir):
     rc, out, _ = run_cli(capsys, "health", "--connect", server.address)
     assert rc == 1 and out["ready"] is False and out["live"] is True
     rc, out, err = run_cli(capsys, "health", "--connect", f"ipc://{sock_dir}/absent.sock", "--timeout", "0.2")
-    assert rc == 2 and out is None and "no reply" in err
+    assert rc == 2 and out is None and "socket file does not exist" in err  # said at once, not after the timeout
+    rc, out, err = run_cli(capsys, "health", "--connect", "tcp://127.0.0.1:9", "--timeout", "0.2")
+    assert rc == 2 and out is None and "no reply from tcp://127.0.0.1:9 within 0.2 s" in err
 
 
 def test_serve_execs_the_device_command_line(monkeypatch):

@@ -152,6 +152,7 @@ def test_decode_reply_rejects_garbage():
 def test_public_names_of_edge_ipc():
     import edge.ipc
 
-    assert edge.ipc.__all__ == ["IpcServer", "Lifecycle", "default_bind_address", "EdgeClient", "EmbedResult"]
+    assert edge.ipc.__all__ == ["IpcServer", "Lifecycle", "default_bind_address", "EdgeClient", "EmbedResult",
+                                "default_address", "normalize_address", "AddressError"]
     for name in edge.ipc.__all__:
         assert getattr(edge.ipc, name).__name__ == name
