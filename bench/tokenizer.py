@@ -9,7 +9,8 @@ One run, both tokenizers, the same tokenizer.json (MiniLM's by default):
   also ours "open + first encode" (the first encode compiles the added-token regex);
 * single: short sentences (8..16 tokens, real gettext messages) encoded one at a time;
 * batch: the same sentences in batches of 32 (ours pads to the longest; the reference without
-  padding, as in LAB.md). Ours is measured with a cold word cache (first pass over texts it has
+  padding: MiniLM's tokenizer.json pads every input to 128 tokens, so the reference is set to
+  ``no_padding()``). Ours is measured with a cold word cache (first pass over texts it has
   never seen) and warm (steady state, what a server sees on repeated vocabulary).
 
 Prints one summary line and writes a JSON record. ``--profile`` prints a cProfile of ours.

@@ -1,6 +1,7 @@
 """The serving socket: a ZeroMQ ROUTER and the I/O thread that owns it.
 
-Data flows one way (STYLE.md, after vLLM v1's engine core)::
+Data flows one way (after vLLM v1's engine core: sockets belong to the I/O thread, the
+engine to one loop; docs/design.md, "Ownership")::
 
     client -> ROUTER -> I/O thread: validate, admit (edge.serving) -> Admit -> engine loop
            <- ROUTER <- I/O thread: encode, send <- outbox + wake pipe <- engine loop

@@ -1,9 +1,10 @@
 """One record per request, and the small typed messages the serving threads exchange.
 
 A :class:`Request` is created by the I/O thread when an ``infer`` message is admitted and lives
-until its one reply is sent. It carries everything about the request (STYLE.md: TEI's
-``Entry``): where to reply, the trace id, the tokens and bucket of each text, the deadline and
-priority, and, filled by the engine loop, the outputs and the timings.
+until its one reply is sent. It carries everything about the request (one record, as
+text-embeddings-inference's queue ``Entry`` is; docs/design.md, "Ownership"): where to reply,
+the trace id, the tokens and bucket of each text, the deadline and priority, and, filled by
+the engine loop, the outputs and the timings.
 
 Who writes which fields (each field has one writer thread)::
 

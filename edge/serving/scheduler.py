@@ -4,7 +4,7 @@ Pure data structure, no threads and no clock of its own: the engine loop owns
 it (the queue's one owner), passes ``now`` (``time.monotonic()`` seconds) into every call, and is the
 only caller. That makes the policy testable with a fake clock.
 
-Policy (DESIGN.md "Scheduling"):
+Policy (docs/design.md, "Scheduling"):
 
 - Each text of a request is a :class:`Part`, queued in the bucket admission chose
   (:meth:`BatchShapes.bucket_for`). A :class:`Request` may span several buckets.
