@@ -290,6 +290,14 @@ def _quiet_numpy_blas(engine: str) -> None:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def _drain_wait_s(args) -> float:
+    """How long the main thread waits for the drain. The I/O thread owns the drain's deadline
+    (``--drain-timeout`` from when it saw the request) and answers what is left with
+    SHUTTING_DOWN when it passes, then stops the engine loop (2 s at most); the main thread
+    must outwait all of that, or the process exits with admitted requests unanswered."""
+    return args.drain_timeout + 5.0
+
+
 def serve(args) -> int:
     _quiet_numpy_blas(args.engine)
     timeline = Timeline()
@@ -313,7 +321,7 @@ def serve(args) -> int:
     if stop.is_set():  # SIGTERM while booting: stop without announcing a readiness nobody will use
         log("shutdown.before_ready", **record)
         server.request_drain()
-        return 0 if server.wait(args.drain_timeout) else 1
+        return 0 if server.wait(_drain_wait_s(args)) else 1
     log("boot.ready", **record)
     _write_timeline(_timeline_path(args, info["bind"]), record)
     lineage = info["lineage"]
@@ -326,7 +334,7 @@ def serve(args) -> int:
     log("shutdown.draining", drain_timeout_s=args.drain_timeout)
     notify("STOPPING=1", "STATUS=draining")
     server.request_drain()
-    drained = server.wait(args.drain_timeout)
+    drained = server.wait(_drain_wait_s(args))
     log("shutdown.done", drained=drained)
     return 0 if drained else 1
 

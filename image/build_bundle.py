@@ -36,7 +36,7 @@ from edge.launch import boot_argv, boot_pythonpath_of
 from image.bundle import cdi, oci_config, seccomp
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
-from image.bundle.progress import Progress, human_bytes
+from image.bundle.progress import Progress, human_bytes, stop_signals
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
 from image.bundle.trace import TraceError, trace_boot
 
@@ -125,6 +125,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
     t0 = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    old = None  # a bundle --force replaces: moved aside, removed once the new one is in place
     try:
         with tempfile.TemporaryDirectory(prefix="edge-bundle-trace-") as work:
             # The trace imports the runtime from this (the build) interpreter's view of the
@@ -212,10 +213,18 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         (staging / METADATA_NAME).write_text(json.dumps(meta, indent=2) + "\n")
         os.chmod(staging, 0o755)
         if out.exists():
-            shutil.rmtree(out)
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.rename(out, old)
         os.rename(staging, out)
+        if old is not None:
+            shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if old is not None and old.exists():
+            if out.exists():  # the swap was done; only the old bundle's removal was cut short
+                shutil.rmtree(old, ignore_errors=True)
+            else:  # stopped between the two renames: the old bundle goes back
+                os.rename(old, out)
         raise
     progress.done(f"bundle {out}: runtime {human_bytes(runtime_bytes)} in {meta['sizes']['runtime_files']} files "
                   f"(source environment {human_bytes(env_bytes)} in {env_files} files), "
@@ -245,52 +254,217 @@ def verify_bundle(bundle: Path) -> list[str]:
     return problems
 
 
+EXIT_CODES = {
+    0: "success (verify: every traced file is in the rootfs with its size, and the digest matches)",
+    1: "build: the bundle cannot be built as asked on this host (the message says what to change: the "
+       "target architecture, a syscall the seccomp profile refuses, a native file of another architecture); "
+       "verify: files are missing or changed (each is listed)",
+    2: "usage error, or unusable input: --out exists (without --force) or cannot be written, --package is "
+       "not a model package, --cdi cannot be read or names no such device, DIR is not a bundle",
+    3: "the build failed: the traced boot, building the default package, or writing the bundle",
+    130: "interrupted (Ctrl-C): nothing was written, the traced runtime was stopped",
+    143: "terminated (SIGTERM): nothing was written, the traced runtime was stopped",
+}
+_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_MAKE_BUNDLE = "make one with `edge-bundle build --out DIR`"
+_MAKE_PACKAGE = "build one with `edge-package build --out DIR`"
+
+
+class _UsageError(Exception):
+    """A mistake in the command line, found before any work; exit 2 with the message."""
+
+
 def _user(text: str) -> tuple[int, int]:
     uid, _, gid = text.partition(":")
-    return int(uid), int(gid or uid)
+    try:
+        ids = int(uid), int(gid or uid)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give UID or UID:GID as numbers, e.g. 61000:61000") from None
+    if min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: ids are 0 or more")
+    return ids
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
+    return value
+
+
+def _abs_dir(text: str) -> str:
+    if not os.path.isabs(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: give an absolute host path, e.g. {DEFAULT_SOCKET_DIR}")
+    return text
+
+
+def _tcp_address(text: str) -> str:
+    from edge.ipc.endpoint import AddressError, normalize_address
+
+    try:  # the form only: the host is the device's, which may not be this build host
+        address = normalize_address(text)
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not address.startswith("tcp://"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP address; write tcp://HOST:PORT, "
+                                         f"e.g. tcp://127.0.0.1:5555")
+    return address
+
+
+def _writable_dir_problem(out: Path) -> str | None:
+    """Why no directory can be made beside ``out`` (None: one can); what the build does at the end."""
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"--out {out}: {above} is a file, not a directory; give an --out under a directory"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
+    except OSError as exc:
+        return (f"--out {out}: cannot create a directory in {out.parent} ({exc.strerror or exc}); "
+                f"give an --out on a writable filesystem")
+    return None
+
+
+def _check_build_args(args) -> None:
+    """The command line's mistakes, found before the minute of tracing and copying."""
+    out = Path(os.path.abspath(args.out))
+    if out.exists():
+        if not out.is_dir():
+            raise _UsageError(f"--out {out} is a file; give a directory for the bundle")
+        if not args.force:
+            raise _UsageError(f"--out {out} exists; pass --force to replace it, or give another --out")
+        if any(out.iterdir()) and not (out / METADATA_NAME).exists():
+            raise _UsageError(f"--out {out} is not a bundle (no {METADATA_NAME}); --force replaces only a bundle "
+                              f"or an empty directory: give another --out")
+    problem = _writable_dir_problem(out)
+    if problem:
+        raise _UsageError(problem)
+    if args.package is not None:
+        if not args.package.is_dir():
+            raise _UsageError(f"--package {args.package}: no such directory; {_MAKE_PACKAGE}")
+        if not (args.package / "manifest.json").is_file():
+            raise _UsageError(f"--package {args.package} is not a model package (no manifest.json); {_MAKE_PACKAGE}")
+    if args.cdi is not None and not args.cdi.is_file():
+        what = "is a directory" if args.cdi.is_dir() else "no such file"
+        raise _UsageError(f"--cdi {args.cdi}: {what}; give a CDI spec file (e.g. from `nvidia-ctk cdi generate`)")
+    if args.cdi_device and args.cdi is None:
+        raise _UsageError("--cdi-device needs --cdi SPEC: the spec that defines the device")
+    if args.python is not None and not os.path.exists(args.python):
+        raise _UsageError(f"--python {args.python}: no such file; give the environment's interpreter, "
+                          f"e.g. .venv/bin/python")
+
+
+def _verify(bundle: Path) -> int:
+    if not bundle.is_dir():
+        what = "no such directory" if not bundle.exists() else "not a directory"
+        print(f"edge-bundle verify: {bundle}: {what}; give a bundle directory ({_MAKE_BUNDLE})", file=sys.stderr)
+        return 2
+    missing = [n for n in (FILES_NAME, "config.json") if not (bundle / n).is_file()]
+    if missing:
+        print(f"edge-bundle verify: {bundle} is not a bundle (no {' / '.join(missing)}); {_MAKE_BUNDLE}",
+              file=sys.stderr)
+        return 2
+    try:
+        problems = verify_bundle(bundle)
+    except OSError as exc:
+        print(f"edge-bundle verify: {bundle}: cannot read it ({exc})", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # a rootfs.files or config.json that is not the builder's
+        print(f"edge-bundle verify: {bundle}: its {FILES_NAME} or config.json is not as edge-bundle writes them "
+              f"({exc}); rebuild it with `edge-bundle build --out {bundle} --force`", file=sys.stderr)
+        return 2
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        print(f"edge-bundle verify: {len(problems)} problem(s) in {bundle}; rebuild it with "
+              f"`edge-bundle build --out {bundle} --force`", file=sys.stderr)
+        return 1
+    print(f"{bundle}: every traced file is in the rootfs with its size, and the digest matches")
+    return 0
+
+
+def _build(args, progress: Progress) -> int:
+    _check_build_args(args)
+    check_arch(args.python or sys.executable, args.arch or platform.machine())  # before a default package build
+    package = args.package
+    if package is None:
+        from edge.default_package import PackageBuildError, default_package_dir, ensure_default_package
+
+        try:
+            package = ensure_default_package(default_package_dir())
+        except PackageBuildError as exc:
+            print(f"edge-bundle build: {exc}", file=sys.stderr)
+            return exc.exit_code
+    meta = build_bundle(args.out, package=package, engine=args.engine, python=args.python, cdi_spec=args.cdi,
+                        cdi_devices=args.cdi_device, socket_dir=args.socket_dir, user=args.user, arch=args.arch,
+                        tcp=args.tcp, threads=args.threads, use_strace=args.strace, force=args.force,
+                        progress=progress)
+    print(json.dumps({k: meta[k] for k in ("address", "socket_dir", "arch", "engine", "sizes")}, indent=2))
+    return 0
+
+
+def _failure(exc: Exception) -> tuple[str, int]:
+    """The message and exit status (:data:`EXIT_CODES`) of a build or verify that raised ``exc``."""
+    if isinstance(exc, _UsageError):
+        return str(exc), 2
+    if isinstance(exc, BundleError):
+        return str(exc), 1
+    if isinstance(exc, cdi.CdiError):
+        return f"{exc}; fix the --cdi spec or the --cdi-device names", 2
+    if isinstance(exc, TraceError):
+        return str(exc), 3
+    return f"failed: {type(exc).__name__}: {exc}", 3  # the type names a bug, should it be one
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="edge-bundle", description="Build or verify an OCI runtime bundle of edge.")
+    ap = argparse.ArgumentParser(prog="edge-bundle", description="Build or verify an OCI runtime bundle of edge.",
+                                 epilog=_EPILOG)
     sub = ap.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="trace a boot and write DIR/config.json, DIR/rootfs, DIR/edge-bundle.json")
+    b = sub.add_parser("build", help="trace a boot and write DIR/config.json, DIR/rootfs, DIR/edge-bundle.json",
+                       epilog=_EPILOG)
     b.add_argument("--out", required=True, type=Path, help="bundle directory to write")
     b.add_argument("--package", type=Path, default=None, help="model package (default: the MiniLM package)")
     b.add_argument("--engine", choices=("onnxruntime", "torchscript"), default="onnxruntime")
     b.add_argument("--cdi", type=Path, default=None, help="CDI spec (JSON or YAML, nvidia-ctk cdi generate)")
     b.add_argument("--cdi-device", action="append", default=None, metavar="NAME", help="CDI device(s) to apply (default: all)")
-    b.add_argument("--socket-dir", default=DEFAULT_SOCKET_DIR, help="host directory bind-mounted for the ipc socket")
+    b.add_argument("--socket-dir", type=_abs_dir, default=DEFAULT_SOCKET_DIR,
+                   help="host directory bind-mounted for the ipc socket")
     b.add_argument("--user", type=_user, default=DEFAULT_USER, metavar="UID[:GID]", help="runtime's uid:gid (default 61000:61000)")
     b.add_argument("--arch", default=None, help="target architecture, uname -m (default: this host's); must match --python")
     b.add_argument("--python", default=None, help="the environment's interpreter (default: this one)")
-    b.add_argument("--tcp", default=None, metavar="tcp://HOST:PORT", help="serve TCP instead of ipc (shares the host network)")
-    b.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS in the container")
+    b.add_argument("--tcp", type=_tcp_address, default=None, metavar="tcp://HOST:PORT",
+                   help="serve TCP instead of ipc (shares the host network)")
+    b.add_argument("--threads", type=_positive_int, default=None, help="OMP_NUM_THREADS in the container")
     b.add_argument("--strace", choices=("auto", "on", "off"), default="auto", help="also trace syscalls (needs strace)")
     b.add_argument("--force", action="store_true", help="replace DIR if it exists")
     b.add_argument("--quiet", action="store_true")
-    v = sub.add_parser("verify", help="check that every traced file is in DIR/rootfs")
+    v = sub.add_parser("verify", help="check that every traced file is in DIR/rootfs", epilog=_EPILOG)
     v.add_argument("bundle", type=Path)
     args = ap.parse_args(argv)
-    if args.command == "verify":
-        problems = verify_bundle(args.bundle)
-        for p in problems:
-            print(p, file=sys.stderr)
-        return 1 if problems else 0
-    package = args.package
-    if package is None:
-        from edge.default_package import default_package_dir, ensure_default_package
-
-        package = ensure_default_package(default_package_dir())
-    try:
-        meta = build_bundle(args.out, package=package, engine=args.engine, python=args.python, cdi_spec=args.cdi,
-                            cdi_devices=args.cdi_device, socket_dir=args.socket_dir, user=args.user, arch=args.arch,
-                            tcp=args.tcp, threads=args.threads, use_strace=args.strace, force=args.force,
-                            progress=Progress(quiet=args.quiet))
-    except (BundleError, TraceError, cdi.CdiError) as exc:
-        print(f"edge-bundle: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps({k: meta[k] for k in ("address", "socket_dir", "arch", "engine", "sizes")}, indent=2))
-    return 0
+    progress = Progress(quiet=getattr(args, "quiet", False))
+    prog = f"edge-bundle {args.command}"
+    with stop_signals() as stopped:
+        try:
+            return _verify(args.bundle) if args.command == "verify" else _build(args, progress)
+        except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - one message, not a traceback
+            progress.end_line()
+            if isinstance(exc, KeyboardInterrupt) or stopped.signum is not None:
+                # (a child we stopped may fail as it goes, e.g. the traced boot "exited before READY")
+                done = "" if args.command == "verify" else (
+                    f"; nothing was written to {args.out} (the staging directory was removed, the traced "
+                    f"runtime stopped)")
+                print(f"{prog}: {stopped.word}{done}", file=sys.stderr)
+                return stopped.exit_code or 130
+            message, code = _failure(exc)
+            if args.command == "build" and code == 3:
+                message += f"\nnothing was written to {args.out}"
+            print(f"{prog}: {message}", file=sys.stderr)
+            return code
 
 
 if __name__ == "__main__":

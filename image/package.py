@@ -42,6 +42,7 @@ from edge.preload.manifest import (
     sha256_file,
 )
 from edge.settings import ServingSettings
+from image.bundle.progress import stop_signals
 
 __all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION"]
 
@@ -191,11 +192,14 @@ def _convert_ort(onnx_path: Path, out_path: Path, target_platform: str) -> bool:
 class _Progress:
     """One line per build step on stderr, with the time since the build began."""
 
+    last = ""  # the step this process's latest build began last: a failure's message names it
+
     def __init__(self, total: int) -> None:
         self.total, self.done, self.t0 = total, 0, time.monotonic()
 
     def step(self, what: str) -> None:
         self.done += 1
+        _Progress.last = f"[{self.done}/{self.total}] {what}"
         sys.stderr.write(f"edge-package: [{self.done}/{self.total}] {what} ({time.monotonic() - self.t0:.1f} s)\n")
         sys.stderr.flush()
 
@@ -253,6 +257,7 @@ def build_package(
 
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    old = None
     try:
         progress.step("writing mappable weights and the TorchScript skeleton")
         write_safetensors(stage / "weights.safetensors", {k: v.numpy() for k, v in weights.items()},
@@ -319,7 +324,6 @@ def build_package(
         (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
         stage.chmod(0o755)  # mkdtemp made it private; the runtime user only needs to read
         progress.step(f"done: {out}")
-        old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old.{os.getpid()}")
             out.rename(old)
@@ -328,6 +332,11 @@ def build_package(
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        if old is not None and old.exists():
+            if out.exists():  # the swap was done; only the old copy's removal was cut short
+                shutil.rmtree(old, ignore_errors=True)
+            else:  # stopped between the two renames: the old package goes back
+                old.rename(out)
         raise
     return out
 
@@ -354,19 +363,104 @@ def compare_builds(a: Path, b: Path) -> dict[str, str]:
     return diff
 
 
+EXIT_CODES = {
+    0: "the package was built (with --check-determinism: and a second build matched it byte for byte)",
+    1: "--check-determinism: the second build differs (the files are listed)",
+    2: "usage error, or unusable input: --out cannot be written or holds something else, "
+       "a --prune-corpus file cannot be read",
+    3: "the build failed (the message names the step), or the build extras are not installed",
+    130: "interrupted (Ctrl-C): nothing was written, a package already at --out is kept",
+    143: "terminated (SIGTERM): nothing was written, a package already at --out is kept",
+}
+_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_PLATFORM_HELP = (
+    "the CPU that will run the package's model.ort, not this build host's. arm (default, the Jetson): "
+    "the converter leaves out its x86-only NCHWc layout rewrites, so the file loads on arm64 and x86-64 "
+    "alike. amd64: allows them; such a model.ort is for x86-64 hosts only and may not load on a Jetson. "
+    "The manifest records the choice (engines.onnxruntime.ort_target_platform)")
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why a package cannot be written at ``out`` (None: it can); checked before the minute of work."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; give a directory (new, empty, or a package to replace)"
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
+        return (f"--out {out} is a directory that is not a model package (no {MANIFEST_NAME}); not replacing "
+                f"it: give a new or empty directory, or an existing package")
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"--out {out}: {above} is a file, not a directory; give an --out under a directory"
+    try:  # what the build does at the end: a directory beside --out, renamed into place
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
+    except OSError as exc:
+        return (f"--out {out}: cannot create a directory in {out.parent} ({exc.strerror or exc}); "
+                f"give an --out on a writable filesystem")
+    return None
+
+
+def _corpus_problem(files: list[Path]) -> str | None:
+    """Why a --prune-corpus file cannot be read (None: all can)."""
+    for f in files:
+        if not f.exists():
+            return f"--prune-corpus {f}: no such file; give text files, one text per line"
+        if f.is_dir():
+            return f"--prune-corpus {f} is a directory; give the text files in it (e.g. {f}/*.txt)"
+        try:
+            open(f, "rb").close()
+        except OSError as exc:
+            return f"--prune-corpus {f}: cannot read it ({exc.strerror or exc})"
+    return None
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"edge-package build: {message}\n")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edge-package", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="edge-package", description=__doc__.split("\n\n")[0], epilog=_EPILOG)
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="export all-MiniLM-L6-v2 into a model package")
+    b = sub.add_parser("build", help="export all-MiniLM-L6-v2 into a model package",
+                       description="Export all-MiniLM-L6-v2 into a model package directory.", epilog=_EPILOG)
     b.add_argument("--out", required=True, type=Path, help="package directory (an existing package there is replaced)")
     b.add_argument("--prune-corpus", nargs="+", type=Path, metavar="FILE",
                    help="domain text files; prune the vocabulary and the embedding rows to what they need")
-    b.add_argument("--ort-target-platform", choices=("arm", "amd64"), default="arm",
-                   help="platform of the ORT-format optimisations (arm: Jetson)")
+    b.add_argument("--ort-target-platform", choices=("arm", "amd64"), default="arm", help=_PLATFORM_HELP)
     b.add_argument("--check-determinism", action="store_true",
                    help="build a second time beside --out and report files that differ (exit 1 if any)")
     args = parser.parse_args(argv)
-    out = build_package(args.out, prune_corpus=args.prune_corpus, ort_target_platform=args.ort_target_platform)
+    out = Path(os.path.abspath(args.out))
+    _Progress.last = ""
+    with stop_signals() as stopped:
+        try:
+            return _checked_build(out, args)
+        except Exception as exc:  # noqa: BLE001 - one message, not a traceback; the type names a bug
+            if stopped.signum is not None:  # a child we stopped, failing as it went
+                return _fail(f"{stopped.word}; nothing half-written was left at or beside {out}", stopped.exit_code)
+            if isinstance(exc, FileExistsError):  # --out filled by someone else meanwhile
+                return _fail(f"{exc}: give a new or empty --out", 2)
+            step = f" at step {_Progress.last}" if _Progress.last else ""
+            return _fail(f"the build failed{step}: {type(exc).__name__}: {exc}\n"
+                         f"nothing half-written was left at or beside {out}", 3)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Terminated)
+            return _fail(f"{stopped.word}; nothing half-written was left at or beside {out}", stopped.exit_code or 130)
+
+
+def _checked_build(out: Path, args) -> int:
+    """The inputs checked first (a mistake costs no minute of work), then the build."""
+    problem = _out_problem(out) or _corpus_problem(args.prune_corpus or [])
+    if problem:
+        return _fail(problem, 2)
+    from edge.default_package import missing_build_modules
+
+    missing = missing_build_modules()
+    if missing:
+        return _fail(f"the build extras are not installed here (missing: {', '.join(missing)}); "
+                     f"install them with `pip install 'edge[build]'`", 3)
+    out = build_package(out, prune_corpus=args.prune_corpus, ort_target_platform=args.ort_target_platform)
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     print(json.dumps({"package": str(out), "name": manifest["name"], "package_sha256": manifest["package_sha256"],
                       "files": {n: e["size"] for n, e in manifest["files"].items()}}, indent=2))

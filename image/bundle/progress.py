@@ -1,11 +1,115 @@
-"""A one-line progress display on stderr (rewritten in place on a terminal, sparse lines otherwise)."""
+"""A one-line progress display on stderr (rewritten in place on a terminal, sparse lines otherwise),
+and how the long build-host commands stop on Ctrl-C or SIGTERM (:func:`stop_signals`)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import threading
 import time
 
-__all__ = ["Progress", "human_bytes"]
+__all__ = ["Progress", "human_bytes", "Terminated", "Stopped", "stop_signals", "descendants"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, unwound like Ctrl-C so that every ``finally`` runs: staging directories are
+    removed, child processes stopped. Its exit status is 143 (128 + 15), Ctrl-C's 130."""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children before grandchildren), read from /proc; [] without it."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found: list[int] = []
+    level = children.get(pid, [])
+    while level:
+        found += level
+        level = [c for p in level for c in children.get(p, [])]
+    return found
+
+
+def _stop_descendants() -> None:
+    """SIGTERM to every process below this one. The ``finally`` blocks that follow ask each child
+    to stop too, but a helper in front of it cannot pass that on: strace blocks SIGTERM (its
+    default with ``-o FILE PROG``), so before READY the traced runtime would only be told by the
+    ``kill -9`` of strace 60 s later, and then left running. This is what a terminal's Ctrl-C
+    already does (the whole foreground group gets SIGINT), for a signal sent to our pid only."""
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:  # exited meanwhile, or not ours to signal
+            pass
+
+
+class Stopped:
+    """What :func:`stop_signals` saw: ``signum`` is the first SIGINT/SIGTERM received, else None.
+
+    Test it in a failure's handler too: a child stopped by the signal may surface as that
+    child's failure (for example, the traced boot "exited before READY") instead of the
+    interrupt itself, and the command should still say it was interrupted.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def exit_code(self) -> int | None:
+        """143 after SIGTERM, 130 after SIGINT, None when neither came."""
+        return None if self.signum is None else 128 + self.signum
+
+    @property
+    def word(self) -> str:
+        return "terminated" if self.signum == signal.SIGTERM else "interrupted"
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """While inside, SIGINT raises KeyboardInterrupt and SIGTERM :class:`Terminated` in the main
+    thread, after a SIGTERM to every descendant process (:func:`_stop_descendants`). Yields a
+    :class:`Stopped`; the previous handlers come back on the way out. Outside the main thread
+    it only yields.
+
+    A second signal while the first one's exception unwinds (an ``except``/``finally``/``__exit__``
+    handling it is running: a staging directory being removed, a child being waited for) is
+    ignored, so that clean-up is not cut short. Any other time it raises again: an exception
+    raised in a ``__del__`` is swallowed, and the next Ctrl-C must still stop the command.
+    """
+    stopped = Stopped()
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped
+        return
+
+    def stop(signum, _frame):
+        if stopped.signum is not None and isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            return
+        if stopped.signum is None:
+            stopped.signum = signum
+            _stop_descendants()
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stopped
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def human_bytes(n: float) -> str:
@@ -48,6 +152,14 @@ class Progress:
 
     def count(self, step: str, done: int, total: int, nbytes: int) -> None:
         self._show(f"{step}: {done}/{total} files, {human_bytes(nbytes)}", force=done == total)
+
+    def end_line(self) -> None:
+        """End a line ``spin``/``count`` left open on a terminal, so an error or an interrupt
+        message that follows starts on its own line instead of after the spinner's text."""
+        if self.tty and self._width and not self.quiet:
+            self.stream.write("\n")
+            self.stream.flush()
+        self._width = 0
 
     def done(self, text: str) -> None:
         """Finish the current line with a summary that stays on screen."""
