@@ -34,6 +34,7 @@ from pathlib import Path
 
 from edge.launch import boot_argv, boot_pythonpath_of
 from image.bundle import cdi, oci_config, seccomp
+from image.cli_checks import positive_int, writable_dir_problem
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
 from image.bundle.progress import Progress, human_bytes, stop_signals
@@ -285,16 +286,6 @@ def _user(text: str) -> tuple[int, int]:
     return ids
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: give 1 or more")
-    return value
-
-
 def _abs_dir(text: str) -> str:
     if not os.path.isabs(text):
         raise argparse.ArgumentTypeError(f"{text!r}: give an absolute host path, e.g. {DEFAULT_SOCKET_DIR}")
@@ -314,22 +305,6 @@ def _tcp_address(text: str) -> str:
     return address
 
 
-def _writable_dir_problem(out: Path) -> str | None:
-    """Why no directory can be made beside ``out`` (None: one can); what the build does at the end."""
-    above = out.parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
-    if not above.is_dir():
-        return f"--out {out}: {above} is a file, not a directory; give an --out under a directory"
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
-    except OSError as exc:
-        return (f"--out {out}: cannot create a directory in {out.parent} ({exc.strerror or exc}); "
-                f"give an --out on a writable filesystem")
-    return None
-
-
 def _check_build_args(args) -> None:
     """The command line's mistakes, found before the minute of tracing and copying."""
     out = Path(os.path.abspath(args.out))
@@ -341,7 +316,7 @@ def _check_build_args(args) -> None:
         if any(out.iterdir()) and not (out / METADATA_NAME).exists():
             raise _UsageError(f"--out {out} is not a bundle (no {METADATA_NAME}); --force replaces only a bundle "
                               f"or an empty directory: give another --out")
-    problem = _writable_dir_problem(out)
+    problem = writable_dir_problem(out)
     if problem:
         raise _UsageError(problem)
     if args.package is not None:
@@ -439,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--python", default=None, help="the environment's interpreter (default: this one)")
     b.add_argument("--tcp", type=_tcp_address, default=None, metavar="tcp://HOST:PORT",
                    help="serve TCP instead of ipc (shares the host network)")
-    b.add_argument("--threads", type=_positive_int, default=None, help="OMP_NUM_THREADS in the container")
+    b.add_argument("--threads", type=positive_int("threads"), default=None, help="OMP_NUM_THREADS in the container")
     b.add_argument("--strace", choices=("auto", "on", "off"), default="auto", help="also trace syscalls (needs strace)")
     b.add_argument("--force", action="store_true", help="replace DIR if it exists")
     b.add_argument("--quiet", action="store_true")

@@ -43,6 +43,7 @@ from edge.preload.manifest import (
 )
 from edge.settings import ServingSettings
 from image.bundle.progress import stop_signals
+from image.cli_checks import writable_dir_problem
 
 __all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION"]
 
@@ -387,18 +388,7 @@ def _out_problem(out: Path) -> str | None:
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
         return (f"--out {out} is a directory that is not a model package (no {MANIFEST_NAME}); not replacing "
                 f"it: give a new or empty directory, or an existing package")
-    above = out.parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
-    if not above.is_dir():
-        return f"--out {out}: {above} is a file, not a directory; give an --out under a directory"
-    try:  # what the build does at the end: a directory beside --out, renamed into place
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
-    except OSError as exc:
-        return (f"--out {out}: cannot create a directory in {out.parent} ({exc.strerror or exc}); "
-                f"give an --out on a writable filesystem")
-    return None
+    return writable_dir_problem(out)
 
 
 def _corpus_problem(files: list[Path]) -> str | None:

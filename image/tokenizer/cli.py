@@ -22,6 +22,7 @@ from pathlib import Path
 
 from edge.errors import EdgeError, ErrorCode
 from image.bundle.progress import stop_signals
+from image.cli_checks import positive_int
 
 __all__ = ["main", "EXIT_CODES"]
 
@@ -158,16 +159,6 @@ def _held_out(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: give a number of tokens above 0")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="edge-tokenizer", description="Compile, prune and run compiled tokenizers.",
                                  epilog=_EPILOG)
@@ -188,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
                        description=f"Encode texts read from stdin; {ENCODE_INPUT}. Writes one JSON list of ids "
                                    f"per text to stdout.", epilog=_EPILOG)
     e.add_argument("--tokenizer", required=True, metavar="FILE.fb", help=f"a compiled tokenizer ({_MAKE_FB})")
-    e.add_argument("--max-length", type=_positive_int, default=None, metavar="N",
+    e.add_argument("--max-length", type=positive_int("tokens"), default=None, metavar="N",
                    help="truncate to N tokens, special tokens included (default: the tokenizer.json's truncation)")
     e.set_defaults(fn=_encode, expects=f"--tokenizer must be a compiled tokenizer: {_MAKE_FB}")
     return ap

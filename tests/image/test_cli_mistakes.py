@@ -87,7 +87,7 @@ def test_bundle_build_refuses_a_package_that_is_not_one(tmp_path):
 
 
 @pytest.mark.parametrize("args, fix", [
-    (["--threads", "-1"], "give 1 or more"),
+    (["--threads", "-1"], "give a number of threads above 0"),
     (["--user", "runtime"], "give UID or UID:GID as numbers"),
     (["--tcp", "localhost"], "write tcp://HOST:PORT"),
     (["--cdi-device", "gpu0"], "--cdi-device needs --cdi SPEC"),
