@@ -149,10 +149,16 @@ def serve(argv: list[str]) -> int:
             return _fail("serve", str(exc), exc.exit_code)
     from edge.launch import boot_argv, boot_env
 
+    import time
+
     command = [*boot_argv(), *argv]
+    env = boot_env()
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(command[0], command, boot_env())
+    # The kernel's start time of this process is the start of `edge serve`, build included; the
+    # runtime's timeline starts at this exec instead.
+    env["EDGE_EXEC_BOOTTIME_NS"] = str(time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+    os.execve(command[0], command, env)
     return 0  # not reached
 
 

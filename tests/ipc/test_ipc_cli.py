@@ -68,6 +68,10 @@ def test_serve_execs_the_device_command_line(monkeypatch):
     (path, argv, env), = seen
     assert path == sys.executable and argv == [*boot_argv(), "--package", "/p", "--engine", "onnxruntime"]
     assert env["PYTHONPATH"].split(os.pathsep)[: len(boot_pythonpath())] == boot_pythonpath()
+    # the runtime's timeline starts at this exec, not at the start of `edge serve` (a build may precede it)
+    import time
+
+    assert 0 <= time.clock_gettime_ns(time.CLOCK_BOOTTIME) - int(env["EDGE_EXEC_BOOTTIME_NS"]) < 5e9
 
 
 def test_serve_refuses_bad_flags_before_any_build(monkeypatch, capsys):
