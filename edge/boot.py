@@ -302,9 +302,10 @@ def serve(args) -> int:
     _quiet_numpy_blas(args.engine)
     timeline = Timeline()
     stop = threading.Event()
-    # Installed before boot so a SIGTERM during boot still ends us cleanly.
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # Installed before boot so a signal during boot still ends us cleanly. SIGHUP (a closed
+    # terminal, a careless `kill -HUP`) drains like the others instead of killing us mid-request.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         server, info = boot(args, timeline)
     except BootError as exc:

@@ -135,6 +135,22 @@ def test_a_bare_path_binds_ipc_and_a_terminal_gets_one_plain_line(minilm_package
     assert proc.returncode == 0
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_sigint_and_sighup_drain_like_sigterm(sig, minilm_package, tmp_path):
+    rt = start_runtime(tmp_path, "--package", str(minilm_package))
+    try:
+        rt.wait_ready()
+        sock = Path(rt.address[len("ipc://"):])
+        assert sock.exists()
+        rt.proc.send_signal(sig)
+        assert rt.proc.wait(30) == 0, rt.output()
+    finally:
+        rt.stop()
+    events = [json.loads(line)["event"] for line in rt.output().splitlines() if line.startswith("{")]
+    assert events[-2:] == ["shutdown.draining", "shutdown.done"], events
+    assert not sock.exists()  # the socket file goes with the server
+
+
 def test_sigterm_while_booting_stops_without_announcing_ready(minilm_package, tmp_path):
     rt = start_runtime(tmp_path, "--package", str(minilm_package))
     maps = Path(f"/proc/{rt.proc.pid}/maps")
