@@ -243,12 +243,12 @@ def boot(args, timeline: Timeline):
 
     configure(args.log_level)
     engine, shapes, buffers = chain.result()
-    from edge.ipc.endpoint import default_bind_address
+    from edge.ipc.endpoint import default_address
     from edge.serving.core import ServingCore
 
     lineage = lineage_of(manifest, engine)
     core = ServingCore(engine, tokenizer, shapes=shapes, buffers=buffers)
-    bind = args.bind or default_bind_address()
+    bind = args.bind or default_address()
     server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout)
     stages.run(server.bind, setting="--bind ADDR", address=bind)
     stages.run(server.start, setting="--bind ADDR")
