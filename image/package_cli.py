@@ -1,0 +1,122 @@
+"""``edge-package build``: the command line of the package builder (``image/package.py``).
+
+Checks every argument before the minute of work starts, turns Ctrl-C and SIGTERM into a clean
+stop (nothing half-written, the staging directory removed) and each failure into one message
+with an exit code (:data:`EXIT_CODES`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from edge.preload.manifest import MANIFEST_NAME
+from image.bundle.progress import stop_signals
+from image.cli_checks import writable_dir_problem
+from image.package import BuildSteps, build_package, compare_builds
+
+__all__ = ["main", "EXIT_CODES"]
+
+
+EXIT_CODES = {
+    0: "the package was built (with --check-determinism: and a second build matched it byte for byte)",
+    1: "--check-determinism: the second build differs (the files are listed)",
+    2: "usage error, or unusable input: --out cannot be written or holds something else, "
+       "a --prune-corpus file cannot be read",
+    3: "the build failed (the message names the step), or the build extras are not installed",
+    130: "interrupted (Ctrl-C): nothing was written, a package already at --out is kept",
+    143: "terminated (SIGTERM): nothing was written, a package already at --out is kept",
+}
+_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_PLATFORM_HELP = (
+    "the CPU that will run the package's model.ort, not this build host's. arm (default, the Jetson): "
+    "the converter leaves out its x86-only NCHWc layout rewrites, so the file loads on arm64 and x86-64 "
+    "alike. amd64: allows them; such a model.ort is for x86-64 hosts only and may not load on a Jetson. "
+    "The manifest records the choice (engines.onnxruntime.ort_target_platform)")
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why a package cannot be written at ``out`` (None: it can); checked before the minute of work."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file; give a directory (new, empty, or a package to replace)"
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).exists():
+        return (f"--out {out} is a directory that is not a model package (no {MANIFEST_NAME}); not replacing "
+                f"it: give a new or empty directory, or an existing package")
+    return writable_dir_problem(out)
+
+
+def _corpus_problem(files: list[Path]) -> str | None:
+    """Why a --prune-corpus file cannot be read (None: all can)."""
+    for f in files:
+        if not f.exists():
+            return f"--prune-corpus {f}: no such file; give text files, one text per line"
+        if f.is_dir():
+            return f"--prune-corpus {f} is a directory; give the text files in it (e.g. {f}/*.txt)"
+        try:
+            open(f, "rb").close()
+        except OSError as exc:
+            return f"--prune-corpus {f}: cannot read it ({exc.strerror or exc})"
+    return None
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"edge-package build: {message}\n")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edge-package", description=__doc__.split("\n\n")[0], epilog=_EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="export all-MiniLM-L6-v2 into a model package",
+                       description="Export all-MiniLM-L6-v2 into a model package directory.", epilog=_EPILOG)
+    b.add_argument("--out", required=True, type=Path, help="package directory (an existing package there is replaced)")
+    b.add_argument("--prune-corpus", nargs="+", type=Path, metavar="FILE",
+                   help="domain text files; prune the vocabulary and the embedding rows to what they need")
+    b.add_argument("--ort-target-platform", choices=("arm", "amd64"), default="arm", help=_PLATFORM_HELP)
+    b.add_argument("--check-determinism", action="store_true",
+                   help="build a second time beside --out and report files that differ (exit 1 if any)")
+    args = parser.parse_args(argv)
+    out = Path(os.path.abspath(args.out))
+    BuildSteps.last = ""
+    with stop_signals() as stopped:
+        try:
+            return _checked_build(out, args)
+        except Exception as exc:  # noqa: BLE001 - one message, not a traceback; the type names a bug
+            if stopped.signum is not None:  # a child we stopped, failing as it went
+                return _fail(f"{stopped.word}; nothing half-written was left at or beside {out}", stopped.exit_code)
+            if isinstance(exc, FileExistsError):  # --out filled by someone else meanwhile
+                return _fail(f"{exc}: give a new or empty --out", 2)
+            step = f" at step {BuildSteps.last}" if BuildSteps.last else ""
+            return _fail(f"the build failed{step}: {type(exc).__name__}: {exc}\n"
+                         f"nothing half-written was left at or beside {out}", 3)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (Terminated)
+            return _fail(f"{stopped.word}; nothing half-written was left at or beside {out}", stopped.exit_code or 130)
+
+
+def _checked_build(out: Path, args) -> int:
+    """The inputs checked first (a mistake costs no minute of work), then the build."""
+    problem = _out_problem(out) or _corpus_problem(args.prune_corpus or [])
+    if problem:
+        return _fail(problem, 2)
+    from edge.default_package import missing_build_modules
+
+    missing = missing_build_modules()
+    if missing:
+        return _fail(f"the build extras are not installed here (missing: {', '.join(missing)}); "
+                     f"install them with `pip install 'edge[build]'`", 3)
+    out = build_package(out, prune_corpus=args.prune_corpus, ort_target_platform=args.ort_target_platform)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    print(json.dumps({"package": str(out), "name": manifest["name"], "package_sha256": manifest["package_sha256"],
+                      "files": {n: e["size"] for n, e in manifest["files"].items()}}, indent=2))
+    if args.check_determinism:
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            again = build_package(Path(tmp) / "again", prune_corpus=args.prune_corpus,
+                                  ort_target_platform=args.ort_target_platform)
+            diff = compare_builds(out, again)
+        print(json.dumps({"nondeterministic": diff}, indent=2))
+        return 1 if diff else 0
+    return 0
