@@ -102,6 +102,9 @@ class IpcServer:
         # Frames over this are not even read: libzmq disconnects the peer. Between
         # limits.max_frame_bytes and this, the peer gets FRAME_TOO_LARGE.
         router.setsockopt(zmq.MAXMSGSIZE, 4 * self.limits.max_frame_bytes)
+        # A reply to a peer that is gone, or whose queue is full, fails loudly (EHOSTUNREACH,
+        # EAGAIN with NOBLOCK) instead of vanishing, so it is counted as dropped.
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
             self._ipc_path = ipc_path(self.bind_address)
             if self._ipc_path:
@@ -241,20 +244,24 @@ class IpcServer:
             self._finish(request, ErrorCode.SHUTTING_DOWN, "server stopped before the request finished")
         return True
 
-    def _send(self, peer: _Peer, frames: list) -> None:
+    def _send(self, peer: _Peer, frames: list) -> bool:
+        """Send one reply without blocking; False (and counted as dropped) when it could not go."""
         envelope = [peer.identity, b""] if peer.delim else [peer.identity]
         try:
-            self._router.send_multipart(envelope + frames)
-        except zmq.ZMQError as exc:  # peer gone or its queue full: the reply is dropped, never the server
-            self.metrics.reply_dropped()
+            self._router.send_multipart(envelope + frames, zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as exc:  # the peer's queue is full, or it is gone: the reply is dropped, never the server
+            reason = "hwm" if exc.errno == zmq.EAGAIN else "unroutable"
+            self.metrics.reply_dropped(reason)
             if debug_enabled():
-                log("reply.dropped", level="debug", trace_id=peer.trace_id, error=str(exc))
+                log("reply.dropped", level="debug", trace_id=peer.trace_id, reason=reason)
+            return False
 
     def _send_error(self, peer: _Peer, code: ErrorCode, message: str, request_id: Any = None) -> None:
-        self.metrics.error(code)
         if debug_enabled():
             log("reply.error", level="debug", trace_id=peer.trace_id, code=int(code), message=message)
-        self._send(peer, P.encode_error(code, message, peer.trace_id, peer.encoding, request_id))
+        if self._send(peer, P.encode_error(code, message, peer.trace_id, peer.encoding, request_id)):
+            self.metrics.error(code)
 
     def _on_message(self, frames: list) -> None:
         identity, rest = frames[0], frames[1:]
@@ -312,8 +319,8 @@ class IpcServer:
         reply = P.HealthReply(ready=self._state is Lifecycle.READY, state=self._state.value,
                               uptime_s=round(time.monotonic() - self.metrics.started, 3), queue=self._queue_info(),
                               trace_id=peer.trace_id)
-        self.metrics.replied("health")
-        self._send(peer, reply.frames(peer.encoding))
+        if self._send(peer, reply.frames(peer.encoding)):
+            self.metrics.replied("health")
 
     def _on_stats(self, peer: _Peer, msg: P.StatsMsg) -> None:
         shapes = self.core.shapes
@@ -328,8 +335,8 @@ class IpcServer:
             timeline = {"error": f"{type(exc).__name__}: {exc}"}
         reply = P.StatsReply(metrics=self.metrics.snapshot(), state=self._state.value, queue=self._queue_info(),
                              lineage=self.lineage, settings=settings, timeline=timeline, trace_id=peer.trace_id)
-        self.metrics.replied("stats")
-        self._send(peer, reply.frames(peer.encoding))
+        if self._send(peer, reply.frames(peer.encoding)):
+            self.metrics.replied("stats")
 
     # ------------------------------------------------------------ results
 
@@ -344,9 +351,9 @@ class IpcServer:
                     self._finish(message.request, message.code, message.message)
                 elif isinstance(message, CancelOutcome):
                     peer = message.reply_to
-                    self.metrics.replied("cancel")
                     reply = P.CancelReply(message.target.request_id, message.cancelled, peer.trace_id)
-                    self._send(peer, reply.frames(peer.encoding))
+                    if self._send(peer, reply.frames(peer.encoding)):
+                        self.metrics.replied("cancel")
             except Exception:
                 log_exception("ipc.send_failed", level="error", type=type(message).__name__,
                               trace_id=getattr(getattr(message, "request", None), "trace_id", None))
@@ -367,12 +374,12 @@ class IpcServer:
         if code is not None:
             return self._send_error(peer, code, message, request.request_id)
         total_ms = (time.monotonic() - request.arrival) * 1000.0
-        self.metrics.replied("infer", request.queue_ms, total_ms)
         if debug_enabled():
             log("reply.result", level="debug", trace_id=request.trace_id, texts=request.texts,
                 queue_ms=round(request.queue_ms, 3), compute_ms=round(request.compute_ms, 3),
                 total_ms=round(total_ms, 3))
-        self._send(peer, frames)
+        if self._send(peer, frames):
+            self.metrics.replied("infer", request.queue_ms, total_ms)
 
     def _result_frames(self, request: Request, peer: _Peer) -> list:
         out = np.ascontiguousarray(request.out, dtype=P.EMBEDDING_DTYPE)  # (N, D) little-endian float32

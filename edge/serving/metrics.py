@@ -77,7 +77,9 @@ class Metrics:
         self.batches = 0
         self.batch_sizes: dict[int, int] = {}  # texts per batch -> batches
         self.engine_failures = 0
-        self.replies_dropped = 0  # replies ZeroMQ refused (peer gone, its queue full)
+        # Replies never sent: "hwm" the peer's queue was full (it does not read), "unroutable" the
+        # peer was gone. A reply counts once: sent ok, sent as an error, or dropped here.
+        self.dropped = {"hwm": 0, "unroutable": 0}
         self.by_bucket = {b: {"batches": 0, "texts": 0, "tokens": 0, "padded_tokens": 0} for b in buckets}
 
     # --------------------------------------------------------- I/O thread
@@ -98,9 +100,9 @@ class Metrics:
             if total_ms is not None:
                 self.total_ms.observe(total_ms)
 
-    def reply_dropped(self) -> None:
+    def reply_dropped(self, reason: str) -> None:
         with self._lock:
-            self.replies_dropped += 1
+            self.dropped[reason] += 1
 
     def error(self, code: int) -> None:
         with self._lock:
@@ -142,7 +144,8 @@ class Metrics:
                     if n
                 ],
                 "errors_total": sum(self.errors.values()),
-                "replies_dropped": self.replies_dropped,
+                "replies_dropped": sum(self.dropped.values()),
+                "replies_dropped_by_reason": dict(self.dropped),
                 "latency_ms": {
                     "queue": self.queue_ms.snapshot(),
                     "compute": self.compute_ms.snapshot(),
