@@ -42,7 +42,7 @@ class ErrorCode(IntEnum):
     UNSUPPORTED_VERSION = 1002  # protocol version this server does not speak
     UNKNOWN_TYPE = 1003  # message type not in the protocol
     INVALID_FIELD = 1004  # missing field or field of the wrong type
-    EMPTY_TEXT = 1005  # a text is empty or whitespace only
+    EMPTY_TEXT = 1005  # a text is empty, whitespace only, or only characters the tokenizer removes
     TEXT_TOO_LONG = 1006  # a text exceeds the byte limit
     TOO_MANY_TEXTS = 1007  # more texts in one request than allowed
     INVALID_OPTION = 1008  # an option has a value outside its range

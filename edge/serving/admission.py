@@ -26,6 +26,7 @@ class Admission:
         self.max_text_tokens = shapes.max_text_tokens  # model maximum (tokens); never above the largest bucket
         self.max_texts = shapes.settings.max_queue_requests  # queue bound (texts)
         self.max_queue_tokens = shapes.settings.max_queue_tokens  # queue bound (padded tokens)
+        self.specials = getattr(tokenizer, "num_special_tokens", 0)  # ids a text gets whatever it holds
         self.texts = 0  # texts admitted, not yet answered
         self.queued_tokens = 0  # their padded tokens
 
@@ -38,6 +39,9 @@ class Admission:
                 raise RequestError(f"texts[{i}] is longer than {self.max_text_tokens} tokens and truncate=false",
                                    ErrorCode.TOO_MANY_TOKENS)
             a = np.asarray(enc.ids, dtype=np.int64)  # (n,)
+            if a.size <= self.specials:  # only characters the normalizer removes (U+200B, controls, marks)
+                raise RequestError(f"texts[{i}] has nothing to embed: its characters are all invisible or "
+                                   f"control characters", ErrorCode.EMPTY_TEXT)
             if not 0 < a.size <= self.max_text_tokens:
                 raise InternalError(f"tokenizer returned {a.size} ids for texts[{i}] "
                                     f"(max_length {self.max_text_tokens})")
