@@ -14,10 +14,12 @@ BOOT_DEADLINE_S = 120.0  # torch import alone takes seconds on this machine
 class Runtime(NotifiedProcess):
     """The runtime bound at ``address`` (an ipc socket in ``workdir``), output in ``workdir/runtime.log``."""
 
-    def __init__(self, workdir: Path, args: tuple[str, ...], env: dict | None = None) -> None:
+    def __init__(self, workdir: Path, args: tuple[str, ...], env: dict | None = None,
+                 wrap: list[str] | None = None) -> None:
         self.workdir = workdir
         self.address = f"ipc://{workdir}/run/edge.sock"
-        cmd = [sys.executable, "-m", "edge.boot", "--bind", self.address, "--timeline", str(workdir / "timeline.json"), *args]
+        cmd = [*(wrap or []), sys.executable, "-m", "edge.boot", "--bind", self.address,
+               "--timeline", str(workdir / "timeline.json"), *args]
         super().__init__(cmd, notify_path=workdir / "notify.sock", log_path=workdir / "runtime.log",
                          env={**os.environ, "HOME": str(workdir), **(env or {})})
 
@@ -32,7 +34,8 @@ class Runtime(NotifiedProcess):
         return super().output(tail)
 
 
-def start_runtime(workdir: Path, *args: str, env: dict | None = None) -> Runtime:
-    """Start `edge serve` with a NOTIFY_SOCKET the test listens on; does not wait."""
+def start_runtime(workdir: Path, *args: str, env: dict | None = None, wrap: list[str] | None = None) -> Runtime:
+    """Start `edge serve` with a NOTIFY_SOCKET the test listens on; does not wait. ``wrap``: a
+    command that execs the runtime (e.g. ``prlimit --nofile=1024:8192 --``)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    return Runtime(workdir, args, env)
+    return Runtime(workdir, args, env, wrap)
