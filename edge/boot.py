@@ -268,13 +268,26 @@ def _timeline_path(args, bind: str) -> Path:
 
 
 def _write_timeline(path: Path, record: dict) -> None:
+    """Write ``record`` to ``path`` atomically, following no link a local user may have planted:
+    the data goes to a new file (O_EXCL: never an existing name or symlink), which a rename puts
+    in place (a rename replaces a link at ``path``, it does not write through it)."""
+    import tempfile
+
     from edge.log import log
 
+    tmp = None
     try:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record, indent=1))
+        os.chmod(tmp, 0o640)
         os.replace(tmp, path)
     except OSError as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         log("timeline.write_failed", level="warning", path=str(path), error=str(exc))
 
 

@@ -17,7 +17,7 @@ import os
 import stat
 
 __all__ = ["AddressError", "normalize_address", "default_address", "default_bind_address", "ipc_path",
-           "check_ipc_server", "prepare_ipc_path", "remove_ipc_file"]
+           "check_ipc_server", "check_socket_dir", "prepare_ipc_path", "remove_ipc_file"]
 
 FORMS = "ipc://PATH, tcp://HOST:PORT, a socket path, or HOST:PORT"
 MAX_IPC_PATH = 107  # bytes: sun_path of an AF_UNIX address, less its terminating NUL
@@ -129,12 +129,37 @@ def ipc_path(address: str) -> str | None:
     return address[len("ipc://"):] if address.startswith("ipc://") else None
 
 
+def check_socket_dir(d: str) -> None:
+    """Refuse a socket directory that someone other than us or root could change.
+
+    Whoever can write the directory can remove our socket file and bind their own in its place,
+    then read every request and forge every reply. So the directory (and the link to it, if it
+    is one) must belong to us or root, and must not be writable by group or others unless it is
+    sticky (like /tmp: others cannot remove or rename our file there).
+    """
+    me = os.geteuid()
+    link = os.lstat(d)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        raise PermissionError(errno.EPERM, f"the socket directory is a symlink owned by uid {link.st_uid}; "
+                              f"bind in a directory of your own (or root's)", d)
+    st = os.stat(d)
+    if st.st_uid not in (me, 0):
+        raise PermissionError(errno.EPERM, f"the socket directory belongs to uid {st.st_uid}, not to this "
+                              f"process (uid {me}) or root; bind in a directory of your own", d)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        raise PermissionError(errno.EPERM, f"the socket directory is writable by others (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}): they could replace the socket; "
+                              f"chmod go-w it, or bind elsewhere", d)
+
+
 def prepare_ipc_path(path: str) -> None:
-    """Create the directory (0750) if missing; remove a stale socket file; refuse a live one."""
+    """Create the directory (0750) if missing, refuse one others can change, remove a stale
+    socket file, refuse a live one."""
     d = os.path.dirname(path) or "."
     if not os.path.isdir(d):
         os.makedirs(d, mode=0o750, exist_ok=True)
         os.chmod(d, 0o750)  # makedirs' mode is filtered by the umask
+    check_socket_dir(d)
     if not os.path.lexists(path):
         return
     if not stat.S_ISSOCK(os.lstat(path).st_mode):

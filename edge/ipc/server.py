@@ -109,10 +109,17 @@ class IpcServer:
             self._ipc_path = ipc_path(self.bind_address)
             if self._ipc_path:
                 prepare_ipc_path(self._ipc_path)
-            router.bind(self.bind_address)
+            # The socket file is created 0660 (owner and group) by the umask itself: a chmod after
+            # bind would leave a window in which anyone could connect.
+            umask = os.umask(0o117) if self._ipc_path else None
+            try:
+                router.bind(self.bind_address)
+            finally:
+                if umask is not None:
+                    os.umask(umask)
             self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
             if self._ipc_path:
-                os.chmod(self._ipc_path, 0o660)
+                os.chmod(self._ipc_path, 0o660)  # a no-op now; kept should a platform ignore the umask
                 self._ipc_inode = os.stat(self._ipc_path).st_ino
         except Exception:
             router.close(0)
