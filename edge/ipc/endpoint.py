@@ -152,14 +152,42 @@ def check_socket_dir(d: str) -> None:
                               f"chmod go-w it, or bind elsewhere", d)
 
 
-def prepare_ipc_path(path: str) -> None:
-    """Create the directory (0750) if missing, refuse one others can change, remove a stale
-    socket file, refuse a live one."""
+def _lock(path: str) -> int:
+    """Hold ``PATH.lock`` (an open file descriptor) for the server's life."""
+    import fcntl
+
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(errno.EADDRINUSE, "another edge server is starting or serving on this address", path) from None
+    return fd
+
+
+def prepare_ipc_path(path: str) -> int:
+    """Make the socket's place ready; returns the address lock's descriptor, to keep open.
+
+    Creates the directory (0750) if missing, refuses one others can change, takes the lock
+    ``PATH.lock`` (two servers starting at the same moment would otherwise both see no socket,
+    and the second's bind would unlink the first's), removes a stale socket file and refuses a
+    live one.
+    """
     d = os.path.dirname(path) or "."
     if not os.path.isdir(d):
         os.makedirs(d, mode=0o750, exist_ok=True)
         os.chmod(d, 0o750)  # makedirs' mode is filtered by the umask
     check_socket_dir(d)
+    lock = _lock(path)
+    try:
+        _remove_stale_socket(path)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+def _remove_stale_socket(path: str) -> None:
     if not os.path.lexists(path):
         return
     if not stat.S_ISSOCK(os.lstat(path).st_mode):

@@ -72,6 +72,7 @@ class IpcServer:
         self._router: zmq.Socket | None = None
         self._ipc_path: str | None = None
         self._ipc_inode: int | None = None
+        self._ipc_lock: int | None = None  # descriptor holding PATH.lock while we serve there
         # Owned by the I/O thread once it runs (before that, by the thread that calls start()).
         self._state = Lifecycle.BOOTING
         self._inflight: dict[tuple, Request] = {}
@@ -108,7 +109,7 @@ class IpcServer:
         try:
             self._ipc_path = ipc_path(self.bind_address)
             if self._ipc_path:
-                prepare_ipc_path(self._ipc_path)
+                self._ipc_lock = prepare_ipc_path(self._ipc_path)
             # The socket file is created 0660 (owner and group) by the umask itself: a chmod after
             # bind would leave a window in which anyone could connect.
             umask = os.umask(0o117) if self._ipc_path else None
@@ -123,6 +124,7 @@ class IpcServer:
                 self._ipc_inode = os.stat(self._ipc_path).st_ino
         except Exception:
             router.close(0)
+            self._release_lock()
             raise
         self._router = router
 
@@ -162,6 +164,11 @@ class IpcServer:
         self._io_thread.join(timeout_s)
         return self._stopped.is_set()
 
+    def _release_lock(self) -> None:
+        if self._ipc_lock is not None:
+            os.close(self._ipc_lock)  # the lock file stays: removing it would race the next server's open
+            self._ipc_lock = None
+
     def _wake(self) -> None:
         """Thread-safe: have the I/O thread look at the outbox and the requests above."""
         try:
@@ -188,6 +195,7 @@ class IpcServer:
             self._ctx.term()
         if self._ipc_path and self._ipc_inode is not None:
             remove_ipc_file(self._ipc_path, self._ipc_inode)
+        self._release_lock()
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         for fd in fds:
             try:

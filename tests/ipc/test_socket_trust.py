@@ -87,3 +87,27 @@ def test_the_timeline_is_written_through_no_planted_link(tmp_path):
     assert not target.is_symlink() and '"stages"' in target.read_text()
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["timeline.json", "timeline.json.tmp", "victim"]
+
+
+def test_a_second_server_starting_at_the_same_moment_is_refused(sock_dir):
+    """The address lock, not the check for a live socket, decides: hold it as a starting server would."""
+    import errno
+    import fcntl
+
+    os.makedirs(os.path.join(sock_dir, "run"), 0o750)
+    path = os.path.join(sock_dir, "run", "edge.sock")
+    with open(path + ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        second = _server(sock_dir, "run")
+        with pytest.raises(OSError) as info:
+            second.bind()
+        assert info.value.errno == errno.EADDRINUSE and "starting or serving" in str(info.value)
+        assert not os.path.exists(path)
+    first = _server(sock_dir, "run")  # once the lock is free, a server binds
+    try:
+        first.bind()
+        assert os.path.exists(path)
+    finally:
+        first.request_drain()
+        first.wait(5)
+    assert not os.path.exists(path)
