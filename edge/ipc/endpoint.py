@@ -17,7 +17,7 @@ import os
 import stat
 
 __all__ = ["AddressError", "normalize_address", "default_address", "default_bind_address", "ipc_path",
-           "check_ipc_server", "check_socket_dir", "prepare_ipc_path", "remove_ipc_file"]
+           "check_ipc_server", "check_socket_dir", "prepare_ipc_path", "bind_router", "remove_ipc_file"]
 
 FORMS = "ipc://PATH, tcp://HOST:PORT, a socket path, or HOST:PORT"
 MAX_IPC_PATH = 107  # bytes: sun_path of an AF_UNIX address, less its terminating NUL
@@ -203,6 +203,28 @@ def _remove_stale_socket(path: str) -> None:
         raise OSError(errno.EADDRINUSE, "another server is listening on this socket", path)
     finally:
         probe.close()
+
+
+def bind_router(router, address: str) -> tuple[str, int | None]:
+    """Bind a ZeroMQ socket at ``address`` (after :func:`prepare_ipc_path` for ipc); returns the
+    endpoint bound (a tcp port 0 resolved) and the ipc socket file's inode (None for tcp).
+
+    The socket file is created 0660 (owner and group) by the umask itself: a chmod after bind
+    would leave a window in which anyone could connect.
+    """
+    import zmq
+
+    path = ipc_path(address)
+    umask = os.umask(0o117) if path else None
+    try:
+        router.bind(address)
+    finally:
+        if umask is not None:
+            os.umask(umask)
+    if path is None:
+        return router.getsockopt_string(zmq.LAST_ENDPOINT), None
+    os.chmod(path, 0o660)  # a no-op now; kept should a platform ignore the umask for sockets
+    return router.getsockopt_string(zmq.LAST_ENDPOINT), os.stat(path).st_ino
 
 
 def remove_ipc_file(path: str, inode: int) -> None:

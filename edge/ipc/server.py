@@ -26,7 +26,7 @@ import zmq
 
 from edge.errors import EdgeError, ErrorCode
 from edge.ipc import protocol as P
-from edge.ipc.endpoint import default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
+from edge.ipc.endpoint import bind_router, default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
 from edge.ipc.validate import parse_request
 from edge.log import debug_enabled, log, log_exception
 from edge.serving.core import ServingCore
@@ -110,18 +110,7 @@ class IpcServer:
             self._ipc_path = ipc_path(self.bind_address)
             if self._ipc_path:
                 self._ipc_lock = prepare_ipc_path(self._ipc_path)
-            # The socket file is created 0660 (owner and group) by the umask itself: a chmod after
-            # bind would leave a window in which anyone could connect.
-            umask = os.umask(0o117) if self._ipc_path else None
-            try:
-                router.bind(self.bind_address)
-            finally:
-                if umask is not None:
-                    os.umask(umask)
-            self.address = router.getsockopt_string(zmq.LAST_ENDPOINT)
-            if self._ipc_path:
-                os.chmod(self._ipc_path, 0o660)  # a no-op now; kept should a platform ignore the umask
-                self._ipc_inode = os.stat(self._ipc_path).st_ino
+            self.address, self._ipc_inode = bind_router(router, self.bind_address)
         except Exception:
             router.close(0)
             self._release_lock()
