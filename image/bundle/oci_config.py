@@ -25,8 +25,12 @@ NOFILE = 4096  # open files: the server keeps one per client connection
 # write into the bundle (it may live on a read-only partition).
 MOUNTPOINTS = ["/proc", "/dev", "/sys", "/tmp", CONTAINER_SOCKET_DIR, NOTIFY_DIR]
 
+# runc's default masked paths, and the TPM's: what the container reads there is nobody's business
+# (power readings have leaked secrets through RAPL timing; the TPM's event log names the boot
+# chain). runc skips a path the host does not have.
 _MASKED = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-           "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"]
+           "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi", "/sys/devices/virtual/powercap",
+           "/sys/class/tpm", "/sys/class/tpmrm", "/sys/kernel/security"]
 _READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
@@ -62,7 +66,7 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
                    arch: str, share_host_network: bool = False, hostname: str = "edge",
                    tmp_roots: list[str] = ()) -> dict:
     """The config.json dict (before CDI edits are merged)."""
-    namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+    namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]  # cgroup: sees only its own
     if not share_host_network:
         namespaces.append({"type": "network"})  # loopback only: ipc:// needs no network
     return {

@@ -10,12 +10,21 @@ libseccomp of the target does not know are skipped by runc, so one list serves x
 aarch64.
 
 Added to Docker's unconditional list: ``mbind`` (ONNX Runtime sets NUMA policy on its own
-buffers; moving other processes' pages needs CAP_SYS_NICE, which we do not have).
+buffers; moving other processes' pages needs CAP_SYS_NICE, which we do not have). The other
+NUMA policy calls, ``get_mempolicy``/``set_mempolicy``/``set_mempolicy_home_node``, are in
+Docker's list too: they act on the calling process only (``migrate_pages`` and
+``move_pages``, which act on others, are not allowed).
+
+``socket`` is allowed only for the address families the runtime uses (:data:`SOCKET_FAMILIES`:
+ipc and tcp sockets, netlink for the libraries that ask the kernel about interfaces); any other
+family (AF_VSOCK, AF_PACKET, AF_BLUETOOTH ...) fails with EPERM.
 """
 
 from __future__ import annotations
 
-__all__ = ["ALLOWED", "profile", "check_traced", "ARCHITECTURES"]
+__all__ = ["ALLOWED", "SOCKET_FAMILIES", "profile", "check_traced", "ARCHITECTURES"]
+
+SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}  # socket()'s first argument
 
 ARCHITECTURES = {
     "x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
@@ -58,7 +67,7 @@ set_robust_list set_thread_area set_tid_address setfsgid setfsgid32 setfsuid set
 setgid setgid32 setgroups setgroups32 setitimer setpgid setpriority setregid setregid32
 setresgid setresgid32 setresuid setresuid32 setreuid setreuid32 setrlimit setsid setsockopt
 setuid setuid32 setxattr shmat shmctl shmdt shmget shutdown sigaltstack signalfd signalfd4
-sigprocmask sigreturn socket socketcall socketpair splice stat stat64 statfs statfs64 statx
+sigprocmask sigreturn socketcall socketpair splice stat stat64 statfs statfs64 statx
 symlink symlinkat sync sync_file_range syncfs sysinfo tee tgkill time timer_create timer_delete
 timer_getoverrun timer_gettime timer_gettime64 timer_settime timer_settime64 timerfd_create
 timerfd_gettime timerfd_gettime64 timerfd_settime timerfd_settime64 times tkill truncate
@@ -87,10 +96,13 @@ def profile(arch: str) -> dict:
             {"names": ["clone"], "action": "SCMP_ACT_ALLOW",
              "args": [{"index": 0, "value": CLONE_NAMESPACE_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]},
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},  # ENOSYS
+            # socket only for the families in SOCKET_FAMILIES (rules of one name are or-ed).
+            *({"names": ["socket"], "action": "SCMP_ACT_ALLOW",
+               "args": [{"index": 0, "value": family, "op": "SCMP_CMP_EQ"}]} for family in SOCKET_FAMILIES.values()),
         ],
     }
 
 
 def check_traced(syscalls: set[str]) -> list[str]:
     """The traced syscalls the profile would refuse (empty when the boot fits)."""
-    return sorted(syscalls - set(ALLOWED) - {"clone", "clone3"})
+    return sorted(syscalls - set(ALLOWED) - {"clone", "clone3", "socket"})

@@ -122,6 +122,36 @@ def test_seccomp_refuses_what_is_not_listed(container, ort_bundle):
     assert ret == "-1" and err == "1"  # EPERM
 
 
+def test_only_the_runtimes_socket_families_and_its_own_cgroup(container, ort_bundle):
+    """Inside the running container: AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK open; AF_VSOCK,
+    AF_PACKET and AF_BLUETOOTH are refused; /proc/self/cgroup shows only the container's own root."""
+    python = bundle_meta(ort_bundle)["python"]
+    code = (
+        "import json, socket, errno\n"
+        "res = {}\n"
+        "for name, fam, kind in [('unix', 1, 1), ('inet', 2, 1), ('inet6', 10, 1), ('netlink', 16, 3),\n"
+        "                        ('vsock', 40, 1), ('packet', 17, 3), ('bluetooth', 31, 1)]:\n"
+        "    try:\n"
+        "        socket.socket(fam, kind).close(); res[name] = 'ok'\n"
+        "    except OSError as e:\n"
+        "        res[name] = errno.errorcode.get(e.errno, str(e.errno))\n"
+        "res['cgroups'] = [line.rsplit(':', 1)[1] for line in open('/proc/self/cgroup').read().split()]\n"
+        "print(json.dumps(res))\n"
+    )
+    out = container.exec(python, "-c", code)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert {k: r[k] for k in ("unix", "inet", "inet6", "netlink")} == dict.fromkeys(("unix", "inet", "inet6", "netlink"), "ok")
+    assert {k: r[k] for k in ("vsock", "packet", "bluetooth")} == dict.fromkeys(("vsock", "packet", "bluetooth"), "EPERM")
+    assert set(r["cgroups"]) == {"/"}, r["cgroups"]  # a cgroup namespace: the host's hierarchy is not visible
+
+
+def test_runc_default_masks_and_the_tpm_are_masked(ort_bundle):
+    masked = set(json.loads((ort_bundle / "config.json").read_text())["linux"]["maskedPaths"])
+    assert {"/sys/devices/virtual/powercap", "/sys/firmware", "/proc/kcore", "/sys/class/tpm",
+            "/sys/kernel/security"} <= masked
+
+
 def test_host_probe_speaks_zmtp_to_the_runtime(container, ort_bundle):
     meta = bundle_meta(ort_bundle)
     out = subprocess.run([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--probe", meta["address"]],
