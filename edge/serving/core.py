@@ -16,12 +16,13 @@ from typing import Any
 
 from edge.device import device_kind
 from edge.serving.admission import Admission
-from edge.serving.engine_loop import EngineLoop, allocate_buffers
+from edge.serving.engine_loop import EngineLoop
 from edge.serving.metrics import Metrics
 from edge.serving.request import Admit, Cancel, Request
 from edge.serving.scheduler import BucketScheduler
 from edge.serving.shapes import BatchShapes
 from edge.settings import ServingSettings
+from edge.warmup import preallocate
 
 __all__ = ["ServingCore"]
 
@@ -43,7 +44,7 @@ class ServingCore:
         self.admission = Admission(tokenizer, shapes)
         self.scheduler = BucketScheduler(shapes)
         self.loop = EngineLoop(engine, self.scheduler, pad_id=getattr(tokenizer, "pad_id", 0),
-                               buffers=buffers if buffers is not None else allocate_buffers(shapes),
+                               buffers=buffers if buffers is not None else preallocate(shapes, engine),
                                metrics=self.metrics)
         self.outbox = self.loop.outbox
         self._thread: threading.Thread | None = None

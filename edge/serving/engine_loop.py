@@ -21,16 +21,8 @@ from edge.log import log, log_exception
 from edge.serving.metrics import Metrics
 from edge.serving.request import Admit, Cancel, CancelOutcome, Failed, Finished, Part, Request
 from edge.serving.scheduler import BucketScheduler
-from edge.serving.shapes import BatchShapes
 
-__all__ = ["EngineLoop", "allocate_buffers"]
-
-
-def allocate_buffers(shapes: BatchShapes) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Input buffers per bucket: (ids, mask), each (rows, bucket) int64 (``edge.warmup.preallocate``
-    makes pinned ones on CUDA)."""
-    return {b: (np.zeros((shapes.rows(b), b), dtype=np.int64), np.zeros((shapes.rows(b), b), dtype=np.int64))
-            for b in shapes.buckets}
+__all__ = ["EngineLoop"]
 
 
 class EngineLoop:
