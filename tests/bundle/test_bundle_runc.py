@@ -30,6 +30,13 @@ def _embed_cli(address: str, texts: list[str]) -> np.ndarray:
     return np.asarray([json.loads(line)["embedding"] for line in out.stdout.splitlines()], dtype=np.float32)
 
 
+def _exec_json(container, python: str, code: str) -> dict:
+    """Run ``code`` with the bundle's python inside the running container; its one JSON line."""
+    out = container.exec(python, "-c", code)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 @pytest.fixture(scope="module")
 def container(ort_bundle, tmp_path_factory):
     runc_or_skip()
@@ -101,9 +108,7 @@ def test_root_is_read_only_and_no_capabilities_inside(container, ort_bundle):
         "                  'tmp_writable': os.access('/tmp', os.W_OK),\n"
         "                  'ort_db': os.path.exists('/tmp/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db')}))\n"
     )
-    out = container.exec(python, "-c", check)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+    r = _exec_json(container, python, check)
     assert set(r["writes"].values()) == {"EROFS"}, r["writes"]
     assert r["caps"] == {"CapEff": 0, "CapPrm": 0, "CapBnd": 0, "CapInh": 0, "CapAmb": 0}
     assert r["uid"] == UID and r["nnp"] == "1" and r["seccomp"] == "2" and r["rdonly"]
@@ -138,9 +143,7 @@ def test_only_the_runtimes_socket_families_and_its_own_cgroup(container, ort_bun
         "res['cgroups'] = [line.rsplit(':', 1)[1] for line in open('/proc/self/cgroup').read().split()]\n"
         "print(json.dumps(res))\n"
     )
-    out = container.exec(python, "-c", code)
-    assert out.returncode == 0, out.stderr
-    r = json.loads(out.stdout)
+    r = _exec_json(container, python, code)
     assert {k: r[k] for k in ("unix", "inet", "inet6", "netlink")} == dict.fromkeys(("unix", "inet", "inet6", "netlink"), "ok")
     assert {k: r[k] for k in ("vsock", "packet", "bluetooth")} == dict.fromkeys(("vsock", "packet", "bluetooth"), "EPERM")
     assert set(r["cgroups"]) == {"/"}, r["cgroups"]  # a cgroup namespace: the host's hierarchy is not visible
