@@ -2,7 +2,7 @@
 
 The stages, each named in the timeline after the function it runs (grep the name)::
 
-    main:    interpreter ─ import_manifest ─ open_package ─ select_engine ─┬─ import_tokenizer ─ verify_tokenizer ─ load_tokenizer ─ import_server ─┬─ bind ─ start ─ READY
+    main:    interpreter ─ import_manifest ─ open_package ─ select_engine ─┬─ import_tokenizer ─ verify_tokenizer ─ load_tokenizer ─ import_server ─ prepare_tokenizer ─┬─ bind ─ start ─ READY
     engine:                                                                ├─ verify_package ─┬─ (verify_gpu_files) ─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate ─┘
     engine:                                                                └─ import_engine ──┘
 
@@ -76,6 +76,11 @@ def verify_tokenizer(pkg) -> None:
 def import_tokenizer():
     """The tokenizer reader (numpy, flatbuffers); returns its ``load_tokenizer``."""
     return importlib.import_module("edge.preload.tokenizer").load_tokenizer
+
+
+def prepare_tokenizer(tokenizer) -> None:
+    """What the first encode would build (``Tokenizer.prepare``), while the engine warms up."""
+    tokenizer.prepare()
 
 
 def import_server():
@@ -233,6 +238,7 @@ def boot(args, timeline: Timeline):
         tokenizer_handoff.put(tokenizer)
         # zmq, msgpack, logging and the protocol load while the engine thread warms up.
         server_mod = stages.run(import_server, setting="reinstall edge (pyzmq, msgpack)")
+        stages.run(prepare_tokenizer, tokenizer, setting="--package DIR (its tokenizer file)")
     except BaseException:
         tokenizer_handoff.cancel()
         if chain.library is not None:
@@ -249,7 +255,10 @@ def boot(args, timeline: Timeline):
     lineage = lineage_of(manifest, engine)
     core = ServingCore(engine, tokenizer, shapes=shapes, buffers=buffers)
     bind = args.bind or default_address()
-    server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout)
+    from edge.ipc.curve import server_curve  # --keys: CURVE on tcp:// (read in the bind stage)
+
+    server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
+                                  curve=server_curve(args.keys, bind))
     stages.run(server.bind, setting="--bind ADDR", address=bind)
     stages.run(server.start, setting="--bind ADDR")
     timeline.mark_ready()
@@ -318,6 +327,7 @@ def _raise_open_files_limit() -> tuple[int, int]:
     process when accept() fails with EMFILE (measured: 4,179 connections at a soft limit of
     4,096 ended the server with "Too many open files (src/ipc_listener.cpp:297)"). systemd's
     default soft limit is 1,024 whatever the hard limit; the hard limit is the real bound.
+    The server caps the connections it holds below the limit (``edge/ipc/connections.py``).
     """
     import resource
 
@@ -334,7 +344,12 @@ def _raise_open_files_limit() -> tuple[int, int]:
 
 def serve(args) -> int:
     _quiet_numpy_blas(args.engine)
-    _raise_open_files_limit()
+    _, open_files = _raise_open_files_limit()
+    if open_files < 4096:  # the cap then cannot leave libzmq all the room it may take (connection_cap)
+        from edge.log import log
+
+        log("boot.open_files_low", level="warning", limit=open_files,
+            advice="raise the hard RLIMIT_NOFILE (LimitNOFILE=, the bundle's rlimits) to 4096 or more")
     timeline = Timeline()
     stop = threading.Event()
     # Installed before boot so a signal during boot still ends us cleanly. SIGHUP (a closed

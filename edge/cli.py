@@ -1,4 +1,5 @@
-"""``edge`` command line: ``serve`` (the runtime) and ``embed``/``health``/``stats`` (a client).
+"""``edge`` command line: ``serve`` (the runtime), ``embed``/``health``/``stats`` (a client) and
+``keys generate`` (CURVE keys for tcp://, ``edge/keys.py``).
 
 No user mistake prints a traceback: every error is one line on stderr naming what is wrong
 and what to change, and the exit status says which kind it was (:data:`EXIT_CODES`).
@@ -40,6 +41,11 @@ def _client_parser(sub, name: str, help_: str) -> argparse.ArgumentParser:
                         "$EDGE_ADDRESS, else ipc://$XDG_RUNTIME_DIR/edge/edge.sock, else ipc:///run/edge/edge.sock)")
     p.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
                    help="wait at most this long for the reply (default 5)")
+    p.add_argument("--server-key", metavar="FILE", default=None,
+                   help="tcp:// server started with --keys: its public key file, KEYS/server.key (env EDGE_SERVER_KEY)")
+    p.add_argument("--client-key", metavar="FILE", default=None,
+                   help="with --server-key: this client's secret key file, KEYS/clients/NAME.key_secret, whose public "
+                        "key the server authorised (env EDGE_CLIENT_KEY)")
     return p
 
 
@@ -61,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--no-truncate", action="store_true", help="refuse texts over the model's max length")
     _client_parser(sub, "health", "exit 0 when the server is ready; prints the reply as JSON")
     _client_parser(sub, "stats", "print the server's counters, histograms, timeline and lineage as JSON")
+    from edge.keys import add_parser as add_keys_parser
+
+    add_keys_parser(sub, _EPILOG)
     return ap
 
 
@@ -100,14 +109,16 @@ def _print_embeddings(fmt: str, result) -> None:
 def _client(args) -> int:
     from edge.errors import EdgeError
     from edge.ipc.client import EdgeClient
+    from edge.ipc.curve import KeyFileError, client_curve
     from edge.ipc.endpoint import AddressError, check_ipc_server
 
     try:
         address = _address(args)
         check_ipc_server(address)
-    except (AddressError, FileNotFoundError) as exc:
+        curve = client_curve(address, args.server_key, args.client_key)
+    except (AddressError, FileNotFoundError, KeyFileError) as exc:
         return _fail(args.command, exc.strerror if isinstance(exc, OSError) else str(exc))
-    client = EdgeClient(address, timeout_s=args.timeout)
+    client = EdgeClient(address, timeout_s=args.timeout, curve=curve)
     try:
         if args.command == "embed":
             result = client.embed(args.texts, request_id=args.request_id, deadline_ms=args.deadline_ms,
@@ -125,8 +136,14 @@ def _client(args) -> int:
                           "trace_id": getattr(exc, "trace_id", None)}})
         return _fail(args.command, f"the server refused: {exc}", 1)
     except TimeoutError:
+        hint = ""
+        if address.startswith("tcp://"):  # a CURVE server never answers a client it refused
+            hint = ("; a server started with --keys answers no one whose key it has not authorised (check "
+                    "--server-key and that this client's public key is in its authorized_clients)" if curve else
+                    "; a server started with --keys answers only clients with keys: --server-key, --client-key")
         return _fail(args.command, f"no reply from {address} within {args.timeout:g} s (is the server running "
-                                   f"and ready? `edge health --connect ADDR`; a busy server may need a larger --timeout)")
+                                   f"and ready? `edge health --connect ADDR`; a busy server may need a larger --timeout"
+                                   f"{hint})")
     finally:
         client.close()
 
@@ -167,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "serve":
             return serve(argv[1:])
-        return _client(_parser().parse_args(argv))
+        args = _parser().parse_args(argv)
+        if args.command == "keys":
+            from edge.keys import run
+
+            return run(args)
+        return _client(args)
     except KeyboardInterrupt:
         sys.stderr.write("edge: interrupted\n")
         return 130

@@ -28,6 +28,7 @@ __all__ = [
     "serve_parser",
     "parse_serve_args",
     "env_address",
+    "client_key_files",
     "ort_library_override",
     "exec_boottime_hint_ns",
     "bundle_sha256",
@@ -46,6 +47,9 @@ ENVIRONMENT = {
     "EDGE_ADDRESS": "the server's address (edge serve --bind) and the clients' (--connect): ipc://PATH, "
                     "tcp://HOST:PORT, a socket path or HOST:PORT",
     "EDGE_BIND": "deprecated alias of EDGE_ADDRESS (read when EDGE_ADDRESS is unset)",
+    "EDGE_KEYS": "edge serve --keys",
+    "EDGE_SERVER_KEY": "the clients' --server-key (edge embed, health, stats): the server's public key file",
+    "EDGE_CLIENT_KEY": "the clients' --client-key (edge embed, health, stats): the client's secret key file",
     "EDGE_TIMELINE": "edge serve --timeline",
     "EDGE_VERIFY": "edge serve --verify",
     "EDGE_DRAIN_TIMEOUT_S": "edge serve --drain-timeout",
@@ -99,8 +103,8 @@ class ServingSettings(Record):
     """The package's serving settings (manifest ``serving``); every default is here."""
 
     __slots__ = ("buckets", "batch_sizes", "max_batch_size", "max_batch_tokens", "max_delay_ms",
-                 "max_queue_requests", "max_queue_tokens", "default_deadline_ms", "warm", "warm_sample_ids",
-                 "extra")
+                 "max_queue_requests", "max_queue_tokens", "max_pending_text_bytes", "default_deadline_ms", "warm",
+                 "warm_sample_ids", "extra")
     _defaults = {
         "buckets": lambda: [16, 32, 64, 128, 256],  # tokens per row, ascending
         "batch_sizes": lambda: [1, 2, 4, 8, 16, 32],  # rows a batch may be padded up to (warmed on CUDA)
@@ -109,6 +113,9 @@ class ServingSettings(Record):
         "max_delay_ms": lambda: 2.0,  # oldest text's wait before a partial batch goes, engine busy (ms)
         "max_queue_requests": lambda: 1024,  # texts (not requests) admitted and not yet answered
         "max_queue_tokens": lambda: 262144,  # padded tokens (bucket lengths) admitted, not yet answered
+        # UTF-8 bytes of texts received and not yet tokenized (bytes): 16 requests of 64 texts of
+        # 32 KiB; with tokenizing stopped at the model's maximum, at most ~5 s of tokenizer work.
+        "max_pending_text_bytes": lambda: 32 << 20,
         "default_deadline_ms": lambda: 30_000.0,  # ordering key of a request without a deadline (ms)
         "warm": dict,  # per device kind, overrides of WARM_DEFAULTS
         # The warm-up's input: a text tokenized on the build host by this package's own
@@ -134,7 +141,8 @@ class ServingSettings(Record):
         for name in ("buckets", "batch_sizes"):
             if name in d:
                 known[name] = _ascending(d.pop(name), f"{where}.{name}")
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens"):
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue_requests", "max_queue_tokens",
+                     "max_pending_text_bytes"):
             if name in d:
                 known[name] = integer(d.pop(name), f"{where}.{name}", ge=1)
         for name in ("max_delay_ms", "default_deadline_ms"):
@@ -210,6 +218,10 @@ def serve_parser(env: dict | None = None):
     p.add_argument("--bind", metavar="ADDR", default=env_address(env),
                    help="where to listen: ipc://PATH, tcp://HOST:PORT, a socket path or HOST:PORT (default "
                         "ipc://$XDG_RUNTIME_DIR/edge/edge.sock, else ipc:///run/edge/edge.sock; env EDGE_ADDRESS)")
+    p.add_argument("--keys", metavar="DIR", default=e("EDGE_KEYS"),
+                   help="CURVE keys for a tcp:// --bind, from `edge keys generate --out DIR`: only the clients whose "
+                        "public keys are in DIR/authorized_clients are served; needed to bind beyond loopback "
+                        "(env EDGE_KEYS)")
     p.add_argument("--timeline", default=e("EDGE_TIMELINE"),
                    help="file for the boot timeline JSON (default: beside the ipc socket, else /tmp; env EDGE_TIMELINE)")
     p.add_argument("--verify", choices=choices["verify"], default=e("EDGE_VERIFY", "full"),
@@ -245,6 +257,7 @@ def parse_serve_args(argv: list[str] | None = None, env: dict | None = None):
         except AddressError as exc:
             given = any(a == "--bind" or a.startswith("--bind=") for a in argv)
             parser.error(f"{'argument --bind' if given else 'EDGE_ADDRESS'}: {exc}")
+    _check_tcp_auth(parser, args, argv)
     for dest, allowed, name in _CHOICES:  # argparse checks choices of a flag, not of its default
         if getattr(args, dest) not in allowed:
             parser.error(f"{name}={getattr(args, dest)!r}: choose one of {', '.join(allowed)}")
@@ -255,12 +268,35 @@ def parse_serve_args(argv: list[str] | None = None, env: dict | None = None):
     return args
 
 
+def _check_tcp_auth(parser, args, argv: list[str]) -> None:
+    """TCP has no authentication without CURVE keys (edge/ipc/curve.py): refuse a bind that
+    other machines can reach without ``--keys``, and ``--keys`` on ipc, where nothing would use them."""
+    bind = args.bind or ""  # None: the default ipc socket
+    if args.keys and not bind.startswith("tcp://"):
+        given = any(a == "--keys" or a.startswith("--keys=") for a in argv)
+        parser.error(f"{'argument --keys' if given else 'EDGE_KEYS'}: keys are for a tcp:// --bind; "
+                     f"{bind or 'the default ipc socket'} is guarded by its socket file's mode (0660): drop the keys, "
+                     f"or bind tcp://HOST:PORT")
+    if bind.startswith("tcp://") and not args.keys:
+        from edge.ipc.curve import is_loopback
+
+        if not is_loopback(bind):
+            parser.error(f"{bind} accepts connections from other machines and TCP has no authentication of its "
+                         f"own: run `edge keys generate --out DIR` and pass --keys DIR (env EDGE_KEYS), or bind "
+                         f"tcp://127.0.0.1:PORT (this machine only)")
+
+
 # ------------------------------------------------------------------ other EDGE_* variables
 
 
 def env_address(env: dict | None = None) -> str | None:
     """The address the server binds and clients connect to, when no flag names one."""
     return _env("EDGE_ADDRESS", env) or _env("EDGE_BIND", env)
+
+
+def client_key_files(env: dict | None = None) -> tuple[str | None, str | None]:
+    """The clients' key files when no flag names them: (EDGE_SERVER_KEY, EDGE_CLIENT_KEY)."""
+    return _env("EDGE_SERVER_KEY", env), _env("EDGE_CLIENT_KEY", env)
 
 
 def ort_library_override(env: dict | None = None) -> str | None:

@@ -12,9 +12,11 @@ Steps (docs/bundle.md has the details):
 3. copy those files to ``rootfs/`` at their host paths, the model package to
    ``/opt/edge/package``, write ``/etc/passwd``, byte-code and a loader cache;
 4. write ``config.json`` (read-only root, tmpfs /tmp, the socket directory bind-mounted,
-   non-root, no capabilities, seccomp) and merge the CDI spec's GPU edits into it;
-5. write ``edge-bundle.json`` (where to connect, sizes, what was traced, hashes) and
-   ``rootfs.files``, then rename the staging directory into place.
+   non-root, no capabilities, seccomp, memory/pids/open-files limits derived from the sizes)
+   and merge the CDI spec's GPU edits into it;
+5. write ``edge-bundle.json`` (where to connect, sizes, limits, what was traced, hashes),
+   ``rootfs.files`` and the unit's drop-in ``edge.service.d/limits.conf``, then rename the
+   staging directory into place.
 
 ``verify`` checks that every file of ``rootfs.files`` is in the rootfs with its size and
 names the ones that are not.
@@ -34,14 +36,16 @@ from pathlib import Path
 
 from edge.launch import boot_argv, boot_pythonpath_of
 from image.bundle import cdi, oci_config, seccomp
-from image.cli_checks import positive_int, writable_dir_problem
+from image.cli_checks import abs_dir, positive_int, tcp_address, user_ids, writable_dir_problem
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
 from image.bundle.progress import Progress, human_bytes, stop_signals
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
+from image.bundle.limits import UNIT_DROPIN, resource_limits, unit_dropin
 from image.bundle.trace import TraceError, trace_boot
 
-__all__ = ["build_bundle", "verify_bundle", "BundleError", "main", "METADATA_NAME", "FILES_NAME", "BUNDLE_FORMAT"]
+__all__ = ["build_bundle", "verify_bundle", "BundleError", "main", "METADATA_NAME",
+           "FILES_NAME", "BUNDLE_FORMAT"]
 
 BUNDLE_FORMAT = 1
 METADATA_NAME = "edge-bundle.json"
@@ -157,10 +161,12 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         progress.spin("compiling byte code")
         rootfs.compile_bytecode(python, sorted({trace.prefix, trace.base_prefix, *(
             os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}))
+        limits = resource_limits(package_bytes, runtime_bytes)
         config = oci_config.runtime_config(
             args=[*boot_argv(trace.executable), *boot_args, "--package", PACKAGE_PATH,
                   "--bind", tcp or f"ipc://{oci_config.CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"],
             env=env, uid=user[0], gid=user[1], socket_dir_host=socket_dir, arch=arch,
+            memory_bytes=limits["memory_bytes"], pids=limits["pids"], nofile=limits["nofile"],
             share_host_network=bool(tcp), tmp_roots=under_tmp)
         deferred = cdi.merge(config, edits) if edits else []
         rootfs.make_mountpoints(config["mounts"])
@@ -202,6 +208,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             },
             "trace": trace.summary(),
             "seccomp": {"allowed": len(seccomp.ALLOWED), "traced_syscalls": sorted(trace.syscalls)},
+            "limits": {**limits, "unit_dropin": UNIT_DROPIN},
             "jemalloc": jemalloc,
             "ld_so_cache": has_ldcache,
             "cdi": None if not edits else {
@@ -212,6 +219,8 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             "build_s": round(time.monotonic() - t0, 2),
         }
         (staging / METADATA_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+        (staging / UNIT_DROPIN).parent.mkdir()
+        (staging / UNIT_DROPIN).write_text(unit_dropin(limits))
         os.chmod(staging, 0o755)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -273,36 +282,6 @@ _MAKE_PACKAGE = "build one with `edge-package build --out DIR`"
 
 class _UsageError(Exception):
     """A mistake in the command line, found before any work; exit 2 with the message."""
-
-
-def _user(text: str) -> tuple[int, int]:
-    uid, _, gid = text.partition(":")
-    try:
-        ids = int(uid), int(gid or uid)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give UID or UID:GID as numbers, e.g. 61000:61000") from None
-    if min(ids) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: ids are 0 or more")
-    return ids
-
-
-def _abs_dir(text: str) -> str:
-    if not os.path.isabs(text):
-        raise argparse.ArgumentTypeError(f"{text!r}: give an absolute host path, e.g. {DEFAULT_SOCKET_DIR}")
-    return text
-
-
-def _tcp_address(text: str) -> str:
-    from edge.ipc.endpoint import AddressError, normalize_address
-
-    try:  # the form only: the host is the device's, which may not be this build host
-        address = normalize_address(text)
-    except AddressError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if not address.startswith("tcp://"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP address; write tcp://HOST:PORT, "
-                                         f"e.g. tcp://127.0.0.1:5555")
-    return address
 
 
 def _check_build_args(args) -> None:
@@ -407,13 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--engine", choices=("onnxruntime", "torchscript"), default="onnxruntime")
     b.add_argument("--cdi", type=Path, default=None, help="CDI spec (JSON or YAML, nvidia-ctk cdi generate)")
     b.add_argument("--cdi-device", action="append", default=None, metavar="NAME", help="CDI device(s) to apply (default: all)")
-    b.add_argument("--socket-dir", type=_abs_dir, default=DEFAULT_SOCKET_DIR,
+    b.add_argument("--socket-dir", type=abs_dir, default=DEFAULT_SOCKET_DIR,
                    help="host directory bind-mounted for the ipc socket")
-    b.add_argument("--user", type=_user, default=DEFAULT_USER, metavar="UID[:GID]", help="runtime's uid:gid (default 61000:61000)")
+    b.add_argument("--user", type=user_ids, default=DEFAULT_USER, metavar="UID[:GID]", help="runtime's uid:gid (default 61000:61000)")
     b.add_argument("--arch", default=None, help="target architecture, uname -m (default: this host's); must match --python")
     b.add_argument("--python", default=None, help="the environment's interpreter (default: this one)")
-    b.add_argument("--tcp", type=_tcp_address, default=None, metavar="tcp://HOST:PORT",
-                   help="serve TCP instead of ipc (shares the host network)")
+    b.add_argument("--tcp", type=tcp_address, default=None, metavar="tcp://HOST:PORT",
+                   help="serve TCP on loopback instead of ipc (shares the host network; no CURVE keys in a bundle yet)")
     b.add_argument("--threads", type=positive_int("threads"), default=None, help="OMP_NUM_THREADS in the container")
     b.add_argument("--strace", choices=("auto", "on", "off"), default="auto", help="also trace syscalls (needs strace)")
     b.add_argument("--force", action="store_true", help="replace DIR if it exists")

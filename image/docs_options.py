@@ -91,6 +91,7 @@ COMMANDS = [
     Command("python -m bench.engines", "bench.engines", "benchmarks.md#engines-benchenginespy"),
     Command("python -m bench.tokenizer", "bench.tokenizer", "benchmarks.md#tokenizer-benchtokenizerpy"),
     Command("python -m bench.serve", "bench.serve", "benchmarks.md#serve-benchservepy"),
+    Command("python -m bench.health_load", "bench.health_load", "benchmarks.md#health-under-load-benchhealth_loadpy"),
     Command("python -m bench.textmix", "bench.textmix", "benchmarks.md#the-text-mix"),
     Command("python -m bench.glue_server", "bench.glue_server", "benchmarks.md#serve-benchservepy"),
     Command("python -m image.bundle.measure", "image.bundle.measure",

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-_CODE = ["image/package.py", "image/export_model.py", "edge/preload/manifest.py", "image/tokenizer/*.py",
+_CODE = ["image/package.py", "image/export_model.py", "edge/preload/manifest.py", "edge/settings.py", "image/tokenizer/*.py",
          "image/tokenizer/*.json", "edge/preload/tokenizer.fbs", "edge/preload/tokenizer_fb/*.py"]
 
 

@@ -44,12 +44,15 @@ def raise_for_error(reply: P.Reply) -> P.Reply:
 
 class EdgeClient:
     def __init__(self, connect: str | None = None, timeout_s: float = 5.0, encoding: str = P.MSGPACK,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, *, curve=None) -> None:
+        """``curve``: an :class:`edge.ipc.curve.ClientCurve` (``ClientCurve.load(server_key_file,
+        client_key_file)``) for a tcp:// server started with ``--keys``."""
         from edge.ipc.endpoint import default_address, normalize_address
 
         self.address = normalize_address(connect) if connect is not None else default_address()
         self.timeout_s = timeout_s
         self.encoding = encoding
+        self.curve = curve
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket | None = None
         self._open()
@@ -57,6 +60,8 @@ class EdgeClient:
     def _open(self) -> None:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            self.curve.apply(self._sock)
         self._sock.connect(self.address)
 
     def reset(self) -> None:

@@ -85,6 +85,7 @@ class InferMsg:
     deadline_ms: float | None = None  # relative to arrival at the server (ms)
     priority: int = 1  # 0 (first) .. 2 (last)
     truncate: bool = True  # False: a text over the model's max length is refused
+    text_bytes: int = 0  # UTF-8 bytes of the texts (validation measures them)
 
 
 @dataclass(slots=True)
@@ -163,6 +164,8 @@ class QueueInfo:
     tokens: int  # their padded tokens (bucket lengths)
     max_queued_tokens: int
     in_flight: int  # requests admitted and not yet answered
+    pending_text_bytes: int = 0  # UTF-8 bytes of texts received and not yet tokenized
+    max_pending_text_bytes: int = 0
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__}
@@ -235,7 +238,8 @@ class StatsReply:
     settings: ServingInfo
     timeline: dict | None
     trace_id: str
-    OPTIONAL = frozenset()
+    connections: dict | None = None  # open, peak, cap, parked, parks (edge.ipc.connections)
+    OPTIONAL = frozenset({"connections"})
 
     def frames(self, encoding: str) -> list:
         body = _body(self)

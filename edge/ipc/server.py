@@ -3,8 +3,11 @@
 Data flows one way (after vLLM v1's engine core: sockets belong to the I/O thread, the
 engine to one loop; docs/design.md, "Ownership")::
 
-    client -> ROUTER -> I/O thread: validate, admit (edge.serving) -> Admit -> engine loop
+    client -> ROUTER -> I/O thread: validate, reserve -> tokenizer stage -> Admit -> engine loop
            <- ROUTER <- I/O thread: encode, send <- outbox + wake pipe <- engine loop
+
+Tokenizing has a thread of its own (``edge/serving/tokenize_stage.py``). A request is tied
+to its connection (``edge/ipc/connections.py``, which also caps the connections held).
 
 The I/O thread owns the socket, the lifecycle state and the table of requests in flight. A
 reply to an infer request is sent only by popping the request from that table, so every
@@ -15,17 +18,19 @@ it to read the serving core's outbox, start draining or become ready. It blocks 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import threading
 import time
 from typing import Any, Callable
 
-import numpy as np
 import zmq
 
 from edge.errors import EdgeError, ErrorCode
 from edge.ipc import protocol as P
+from edge.ipc.connections import UNKNOWN_CONN, Connections, connection_cap
+from edge.ipc.replies import Peer, result_frames, serving_info, split_envelope
 from edge.ipc.endpoint import bind_router, default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
 from edge.ipc.validate import parse_request
 from edge.log import debug_enabled, log, log_exception
@@ -42,19 +47,11 @@ class Lifecycle(enum.Enum):
     STOPPED = "stopped"  # threads ended, sockets closed, ipc file removed
 
 
-class _Peer:
-    """Where and how to answer one message: the transport's return address."""
-
-    __slots__ = ("identity", "delim", "encoding", "trace_id")
-
-    def __init__(self, identity: bytes, delim: bool, encoding: str, trace_id: str) -> None:
-        self.identity, self.delim, self.encoding, self.trace_id = identity, delim, encoding, trace_id
-
-
 class IpcServer:
     def __init__(self, bind: str, core: ServingCore, lineage: P.Lineage | None = None,
                  timeline: Callable[[], dict] | None = None, drain_timeout_s: float = 10.0, *,
-                 limits: P.Limits = P.Limits(),
+                 limits: P.Limits = P.Limits(), curve: Any = None,  # edge.ipc.curve.ServerCurve, or None
+                 max_connections: int | None = None,  # default: connection_cap(the open-files limit)
                  linger_ms: int = 1000) -> None:  # how long replies still queued at close may take (ms)
         if not bind.startswith(("ipc://", "tcp://")):
             raise ValueError(f"bind address must be ipc:// or tcp://, got {bind!r}")
@@ -68,6 +65,9 @@ class IpcServer:
         self.timeline = timeline
         self.drain_timeout_s = drain_timeout_s
         self.linger_ms = linger_ms
+        self._curve = curve  # CURVE and its ZAP handler on the router (tcp:// with --keys)
+        self.max_connections = max_connections or connection_cap()
+        self._conns: Connections | None = None
         self._ctx = zmq.Context()
         self._router: zmq.Socket | None = None
         self._ipc_path: str | None = None
@@ -101,17 +101,25 @@ class IpcServer:
         router = self._ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, self.linger_ms)
         # Frames over this are not even read: libzmq disconnects the peer. Between
-        # limits.max_frame_bytes and this, the peer gets FRAME_TOO_LARGE.
-        router.setsockopt(zmq.MAXMSGSIZE, 4 * self.limits.max_frame_bytes)
+        # limits.max_frame_bytes and this, the peer gets FRAME_TOO_LARGE. libzmq holds every
+        # frame of a message until its last arrives: 41 of these are 166 MiB.
+        router.setsockopt(zmq.MAXMSGSIZE, self.limits.max_frame_bytes + (64 << 10))
+        # A client that connects and never greets holds a descriptor this long at most (ms).
+        router.setsockopt(zmq.HANDSHAKE_IVL, 5000)
         # A reply to a peer that is gone, or whose queue is full, fails loudly (EHOSTUNREACH,
         # EAGAIN with NOBLOCK) instead of vanishing, so it is counted as dropped.
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         try:
+            if self._curve is not None:  # before bind: no connection may skip the ZAP check
+                self._curve.apply(router, self._ctx)
             self._ipc_path = ipc_path(self.bind_address)
             if self._ipc_path:
                 self._ipc_lock = prepare_ipc_path(self._ipc_path)
+            self._conns = Connections(router, self._ipc_path, self.max_connections)  # before bind: sees them all
             self.address, self._ipc_inode = bind_router(router, self.bind_address)
         except Exception:
+            if self._conns is not None:
+                self._conns.close()
             router.close(0)
             self._release_lock()
             raise
@@ -160,10 +168,8 @@ class IpcServer:
 
     def _wake(self) -> None:
         """Thread-safe: have the I/O thread look at the outbox and the requests above."""
-        try:
+        with contextlib.suppress(OSError):  # pipe full (a wake-up is pending anyway) or already closed
             os.write(self._wake_w, b"w")
-        except OSError:  # pipe full (a wake-up is pending anyway) or already closed
-            pass
 
     def _wait_state(self, done: Callable[[Lifecycle], bool], timeout_s: float) -> bool:
         with self._state_changed:
@@ -178,8 +184,12 @@ class IpcServer:
         if self._stopped.is_set():
             return
         loop_done = self.core.stop(2.0)
+        if self._conns is not None:  # puts a parked socket file back, for the removal below
+            self._conns.close()
         if self._router is not None:
             self._router.close()  # LINGER lets queued replies leave
+        if self._curve is not None:  # its ZAP socket would hold up term()
+            self._curve.stop()
         if loop_done:  # an engine stuck in run() keeps the process busy; term() could wait on it
             self._ctx.term()
         if self._ipc_path and self._ipc_inode is not None:
@@ -199,14 +209,17 @@ class IpcServer:
     def _io_main(self) -> None:
         router = self._router
         poller = zmq.Poller()
+        conns = self._conns
         poller.register(router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(conns.monitor, zmq.POLLIN)
         try:
             while True:
                 timeout = None  # block until a message, a result or a request from another thread
                 if self._drain_deadline is not None:
                     timeout = max(0.0, (self._drain_deadline - time.monotonic()) * 1000.0)
                 events = dict(poller.poll(timeout))
+                conns.update()  # first: connections opened before their messages were sent
                 if self._wake_r in events:
                     try:
                         os.read(self._wake_r, 4096)
@@ -216,10 +229,11 @@ class IpcServer:
                 if router in events:
                     for _ in range(256):  # then look at results again
                         try:
-                            frames = router.recv_multipart(zmq.NOBLOCK)
+                            frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
                         self._on_message(frames)
+                        conns.update()
                 if self._drain_deadline is not None and self._drained():
                     break
         except Exception:
@@ -248,8 +262,12 @@ class IpcServer:
             self._finish(request, ErrorCode.SHUTTING_DOWN, "server stopped before the request finished")
         return True
 
-    def _send(self, peer: _Peer, frames: list) -> bool:
+    def _send(self, peer: Peer, frames: list) -> bool:
         """Send one reply without blocking; False (and counted as dropped) when it could not go."""
+        self._conns.update()  # a DISCONNECTED still unread could hand this reply to the id's next owner
+        if not self._conns.is_open(peer.conn):
+            self.metrics.reply_dropped("unroutable")
+            return False
         envelope = [peer.identity, b""] if peer.delim else [peer.identity]
         try:
             self._router.send_multipart(envelope + frames, zmq.NOBLOCK)
@@ -261,18 +279,16 @@ class IpcServer:
                 log("reply.dropped", level="debug", trace_id=peer.trace_id, reason=reason)
             return False
 
-    def _send_error(self, peer: _Peer, code: ErrorCode, message: str, request_id: Any = None) -> None:
+    def _send_error(self, peer: Peer, code: ErrorCode, message: str, request_id: Any = None) -> None:
         if debug_enabled():
             log("reply.error", level="debug", trace_id=peer.trace_id, code=int(code), message=message)
         if self._send(peer, P.encode_error(code, message, peer.trace_id, peer.encoding, request_id)):
             self.metrics.error(code)
 
-    def _on_message(self, frames: list) -> None:
-        identity, rest = frames[0], frames[1:]
-        delim = bool(rest) and len(rest[0]) == 0  # REQ sockets put an empty delimiter first
-        if delim:
-            rest = rest[1:]
-        peer = _Peer(identity, delim, P.sniff_encoding(rest[0]) if rest else P.MSGPACK, os.urandom(8).hex())
+    def _on_message(self, frames: list[zmq.Frame]) -> None:
+        last = frames[-1]
+        conn = self._conns.conn_of(last.get(zmq.SRCFD), last.get("Peer-Address") if self._ipc_path else None)
+        peer, rest = split_envelope(frames, conn)
         try:
             mtype, msg = parse_request(rest, self.limits)
         except P.ProtocolError as exc:
@@ -280,6 +296,8 @@ class IpcServer:
             self._send_error(peer, exc.code, exc.message, exc.request_id)
             return
         self.metrics.received(mtype)
+        if conn == UNKNOWN_CONN:  # sent on a connection that has closed since: no one to do it for
+            return self.metrics.reply_dropped("unroutable")
         try:
             self._handlers[mtype](peer, msg)
         except EdgeError as exc:
@@ -289,7 +307,7 @@ class IpcServer:
             self._send_error(peer, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:300],
                              getattr(msg, "request_id", None))
 
-    def _on_infer(self, peer: _Peer, msg: P.InferMsg) -> None:
+    def _on_infer(self, peer: Peer, msg: P.InferMsg) -> None:
         arrival = time.monotonic()
         rid = msg.request_id
         if self._state is Lifecycle.BOOTING:
@@ -298,19 +316,20 @@ class IpcServer:
             return self._send_error(peer, ErrorCode.SHUTTING_DOWN, "server is shutting down", rid)
         if rid is None:
             self._seq += 1
-            key = (peer.identity, 1, self._seq)
+            key = (peer.conn, 1, self._seq)
         else:
-            key = (peer.identity, 0, rid)
+            key = (peer.conn, 0, rid)
             if key in self._inflight:
                 return self._send_error(peer, ErrorCode.DUPLICATE_REQUEST_ID,
                                         f"request_id {rid!r} is already in flight", rid)
         deadline = arrival + msg.deadline_ms / 1000.0 if msg.deadline_ms is not None else None
-        request = self.core.admit(msg.texts, msg.truncate, arrival, deadline=deadline, priority=msg.priority,
-                                  reply_to=peer, trace_id=peer.trace_id, request_id=rid, key=key)
+        request = self.core.admit(msg.texts, msg.truncate, arrival, text_bytes=msg.text_bytes, deadline=deadline,
+                                  priority=msg.priority, reply_to=peer, trace_id=peer.trace_id, request_id=rid,
+                                  key=key)
         self._inflight[key] = request  # raises nothing: admit() was the last step that could
 
-    def _on_cancel(self, peer: _Peer, msg: P.CancelMsg) -> None:
-        target = self._inflight.get((peer.identity, 0, msg.request_id))
+    def _on_cancel(self, peer: Peer, msg: P.CancelMsg) -> None:
+        target = self._inflight.get((peer.conn, 0, msg.request_id))
         if target is None:
             return self._send_error(peer, ErrorCode.UNKNOWN_REQUEST_ID,
                                     f"no request {msg.request_id!r} in flight on this connection", msg.request_id)
@@ -318,27 +337,22 @@ class IpcServer:
 
     def _queue_info(self) -> P.QueueInfo:
         return P.QueueInfo(**self.core.admission.info(), in_flight=len(self._inflight))
-
-    def _on_health(self, peer: _Peer, msg: P.HealthMsg) -> None:
+    def _on_health(self, peer: Peer, msg: P.HealthMsg) -> None:
         reply = P.HealthReply(ready=self._state is Lifecycle.READY, state=self._state.value,
                               uptime_s=round(time.monotonic() - self.metrics.started, 3), queue=self._queue_info(),
                               trace_id=peer.trace_id)
         if self._send(peer, reply.frames(peer.encoding)):
             self.metrics.replied("health")
 
-    def _on_stats(self, peer: _Peer, msg: P.StatsMsg) -> None:
-        shapes = self.core.shapes
-        settings = P.ServingInfo(
-            buckets=list(shapes.buckets), batch_caps={str(b): shapes.rows(b) for b in shapes.buckets},
-            max_delay_ms=shapes.settings.max_delay_ms, max_text_tokens=shapes.max_text_tokens,
-            max_texts=self.limits.max_texts, max_text_bytes=self.limits.max_text_bytes,
-            max_frame_bytes=self.limits.max_frame_bytes)
+    def _on_stats(self, peer: Peer, msg: P.StatsMsg) -> None:
+        settings = serving_info(self.core.shapes, self.limits)
         try:
             timeline = self.timeline() if self.timeline else None
         except Exception as exc:
             timeline = {"error": f"{type(exc).__name__}: {exc}"}
         reply = P.StatsReply(metrics=self.metrics.snapshot(), state=self._state.value, queue=self._queue_info(),
-                             lineage=self.lineage, settings=settings, timeline=timeline, trace_id=peer.trace_id)
+                             lineage=self.lineage, settings=settings, timeline=timeline, trace_id=peer.trace_id,
+                             connections=self._conns.info())
         if self._send(peer, reply.frames(peer.encoding)):
             self.metrics.replied("stats")
 
@@ -368,10 +382,10 @@ class IpcServer:
             return
         del self._inflight[request.key]
         self.core.release(request)
-        peer: _Peer = request.reply_to
+        peer: Peer = request.reply_to
         if code is None:
             try:
-                frames = self._result_frames(request, peer)
+                frames = result_frames(request, peer, self.lineage)
             except Exception as exc:  # e.g. an engine output that cannot be encoded
                 log_exception("ipc.encode_failed", level="error", trace_id=request.trace_id)
                 code, message = ErrorCode.INTERNAL, f"encoding the result failed: {type(exc).__name__}"
@@ -384,11 +398,3 @@ class IpcServer:
                 total_ms=round(total_ms, 3))
         if self._send(peer, frames):
             self.metrics.replied("infer", request.queue_ms, total_ms)
-
-    def _result_frames(self, request: Request, peer: _Peer) -> list:
-        out = np.ascontiguousarray(request.out, dtype=P.EMBEDDING_DTYPE)  # (N, D) little-endian float32
-        result = P.InferResult(
-            trace_id=request.trace_id, count=out.shape[0], dim=out.shape[1], token_counts=request.tokens,
-            buckets=request.buckets, truncated=request.truncated, queue_ms=request.queue_ms,
-            compute_ms=request.compute_ms, lineage=self.lineage, request_id=request.request_id)
-        return result.frames(peer.encoding, out.data)

@@ -87,6 +87,7 @@ def _parse_infer(body: dict, limits: Limits) -> InferMsg:
             raise ProtocolError(ErrorCode.INVALID_FIELD, "texts must hold at least one text")
         if len(texts) > limits.max_texts:
             raise ProtocolError(ErrorCode.TOO_MANY_TEXTS, f"{len(texts)} texts, at most {limits.max_texts} per request")
+        total = 0
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ProtocolError(ErrorCode.INVALID_FIELD, f"texts[{i}] is not a string")
@@ -98,7 +99,8 @@ def _parse_infer(body: dict, limits: Limits) -> InferMsg:
                 raise ProtocolError(ErrorCode.TEXT_TOO_LONG, f"texts[{i}] has {n} bytes, at most {limits.max_text_bytes}")
             if not text.strip():
                 raise ProtocolError(ErrorCode.EMPTY_TEXT, f"texts[{i}] is empty or whitespace only")
-        msg.texts = texts
+            total += n
+        msg.texts, msg.text_bytes = texts, total
         return msg
     except ProtocolError as exc:
         exc.request_id = rid

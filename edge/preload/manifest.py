@@ -28,7 +28,7 @@ __all__ = [
     "TOKENIZER_FILE",
     "FileEntry",
     "TensorSpec",
-        "Manifest",
+    "Manifest",
     "ModelPackage",
     "open_package",
     "sha256_file",
@@ -40,6 +40,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 TOKENIZER_FILE = "tokenizer.fb"
 DTYPES = ("int64", "int32", "float32", "float16")
+NAME_MAX = 255  # bytes of one file name (Linux ext4, xfs, tmpfs, squashfs)
 
 
 class FileEntry(FrozenRecord):
@@ -63,6 +64,46 @@ class TensorSpec(FrozenRecord):
             if not isinstance(dim, str):
                 integer(dim, f"{where}.shape.{i}", ge=0)
         return cls(string(d.get("name"), f"{where}.name"), one_of(d.get("dtype"), DTYPES, f"{where}.dtype"), shape)
+
+
+def _bad_file_name(name: str) -> str | None:
+    """Why ``name`` cannot be a file of the package (None: it can).
+
+    Checked before any path is built from it: the fault is the manifest's (PACKAGE_INVALID).
+    Found later, a NUL makes ``stat`` raise ValueError and an over-long name ENAMETOOLONG,
+    which the boot could only report as BOOT_STAGE_FAILED.
+    """
+    if not name:
+        return "the name is empty"
+    if "\x00" in name:
+        return "the name contains a NUL character"
+    if any(c < " " or c == "\x7f" for c in name):
+        return "the name contains a control character"
+    if name in (".", ".."):
+        return "the name is a directory, not a file"
+    if "/" in name or "\\" in name:  # a backslash: a Windows-built manifest's path separator
+        return "the name contains a path separator (/ or \\); files lie directly in the package"
+    if name == MANIFEST_NAME:
+        return f"{MANIFEST_NAME} cannot list itself"
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:  # a lone surrogate from a \ud800 escape: no file system name
+        return "the name is not valid Unicode (a lone surrogate)"
+    if size > NAME_MAX:
+        return f"the name has {size} bytes in UTF-8, more than {NAME_MAX} (the file system's NAME_MAX)"
+    return None
+
+
+def _engine_spec(v: object, where: str) -> dict:
+    """An engine's entry: ``files`` (required) and ``gpu_files`` list file names (checked against ``files`` later)."""
+    spec = dict_of(v, where)
+    if "files" not in spec:
+        raise Invalid(f"{where}.files", "field required")
+    for key in ("files", "gpu_files"):
+        if key in spec:
+            for i, name in enumerate(list_of(spec[key], f"{where}.{key}")):
+                string(name, f"{where}.{key}.{i}")
+    return spec
 
 
 def _check_across(m: "Manifest") -> "Manifest":
@@ -113,8 +154,10 @@ class Manifest(Record):
 
         files = {}
         for name, entry in dict_of(need("files"), "files").items():
-            if not name or name != os.path.basename(name) or name in (".", "..", MANIFEST_NAME):
-                raise Invalid(f"files.{name}", "must be a plain file name inside the package")
+            why = _bad_file_name(name)
+            if why:  # repr: a NUL or a newline in the name stays visible in the message
+                raise Invalid("files", f"entry {name[:NAME_MAX]!r}: {why}; each must be a plain file name "
+                                       f"inside the package")
             files[name] = FileEntry.model_validate(entry, f"files.{name}")
         tok = take("tokenizer_sha256", None)
         return _check_across(cls(
@@ -131,7 +174,7 @@ class Manifest(Record):
             pooling=one_of(need("pooling"), ("mean", "cls"), "pooling"),
             normalize=one_of(need("normalize"), (True, False), "normalize"),
             vocab_size=integer(need("vocab_size"), "vocab_size", ge=1),
-            engines={k: dict_of(v, f"engines.{k}") for k, v in dict_of(need("engines"), "engines").items()},
+            engines={k: _engine_spec(v, f"engines.{k}") for k, v in dict_of(need("engines"), "engines").items()},
             serving=ServingSettings.model_validate(need("serving")),
             source=dict_of(need("source"), "source"),
             tool_versions={k: string(v, f"tool_versions.{k}") for k, v in dict_of(need("tool_versions"), "tool_versions").items()},
@@ -254,7 +297,12 @@ def _load_manifest(root: Path) -> Manifest:
     except Invalid as exc:
         raise PackageError(f"{MANIFEST_NAME}: {exc.where}: {exc.reason}", ErrorCode.PACKAGE_INVALID,
                            file=MANIFEST_NAME) from None
-    if manifest_digest(data) != manifest.package_sha256:
+    try:
+        digest = manifest_digest(data)
+    except UnicodeEncodeError as exc:  # a "\ud800" escape: JSON parses it, UTF-8 cannot hold it
+        raise PackageError(f"{MANIFEST_NAME}: a string holds a lone surrogate ({exc.object[exc.start]!r}); "
+                           f"rebuild the package", ErrorCode.PACKAGE_INVALID, file=MANIFEST_NAME) from None
+    if digest != manifest.package_sha256:
         raise PackageError(f"{MANIFEST_NAME}: package_sha256 does not match its content (edited manifest)",
                            ErrorCode.PACKAGE_HASH_MISMATCH, file=MANIFEST_NAME)
     hashes = {n: e.sha256 for n, e in manifest.files.items()}

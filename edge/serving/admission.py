@@ -1,13 +1,21 @@
-"""Admission of infer requests, on arrival, in the I/O thread.
+"""Admission of infer requests: the bounds on work accepted and not yet answered.
 
-Texts are tokenized as they arrive, so the bucket of each is known and a text over the model's
-maximum is truncated or refused at once; the queue bound (texts and padded tokens admitted but
-not yet answered) is checked here, so an overload is answered at once too. The I/O thread is
-the only caller, so the counters need no lock.
+Two bounds, checked in two places:
+
+* on arrival, in the I/O thread (:meth:`Admission.reserve`): the UTF-8 bytes of texts not yet
+  tokenized (``max_pending_text_bytes``), so a flood of large requests is refused at once,
+  before any tokenizing, and the memory they hold stays bounded;
+* after tokenizing, in the tokenizer stage (:meth:`Admission.admit`): texts and padded tokens
+  admitted and not yet answered (``max_queue_requests``, ``max_queue_tokens``).
+
+Texts are tokenized with the model's maximum as the limit (the tokenizer stops there), so the
+bucket of each is known and a text over the maximum is truncated or refused. The I/O thread
+releases a request once it is answered, so the counters are shared by two threads: one lock.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -23,19 +31,41 @@ class Admission:
     def __init__(self, tokenizer: Any, shapes: BatchShapes) -> None:
         self.tokenizer = tokenizer
         self.shapes = shapes
+        settings = shapes.settings
         self.max_text_tokens = shapes.max_text_tokens  # model maximum (tokens); never above the largest bucket
-        self.max_texts = shapes.settings.max_queue_requests  # queue bound (texts)
-        self.max_queue_tokens = shapes.settings.max_queue_tokens  # queue bound (padded tokens)
+        self.max_texts = settings.max_queue_requests  # queue bound (texts)
+        self.max_queue_tokens = settings.max_queue_tokens  # queue bound (padded tokens)
+        self.max_pending_bytes = settings.max_pending_text_bytes  # tokenizer backlog bound (UTF-8 bytes)
         self.specials = getattr(tokenizer, "num_special_tokens", 0)  # ids a text gets whatever it holds
+        self._lock = threading.Lock()
         self.texts = 0  # texts admitted, not yet answered
         self.queued_tokens = 0  # their padded tokens
+        self.pending_bytes = 0  # bytes of texts received, not yet tokenized
+
+    # ------------------------------------------------------------ I/O thread, on arrival
+
+    def reserve(self, text_bytes: int) -> None:
+        """Count a request's text bytes against the tokenizer's backlog, or raise OVERLOADED."""
+        with self._lock:
+            if self.pending_bytes and self.pending_bytes + text_bytes > self.max_pending_bytes:
+                raise FlowError(f"tokenizer backlog full ({self.pending_bytes} bytes of text waiting); retry later",
+                                ErrorCode.OVERLOADED)
+            self.pending_bytes += text_bytes
+
+    # ------------------------------------------------------------ tokenizer stage
 
     def tokenize(self, texts: list[str], truncate: bool, arrival: float, **fields) -> Request:
         """A :class:`Request` of ``texts`` (``fields``: its deadline, priority, reply address ...)."""
+        request = Request([], [], arrival, truncate=truncate, **fields)
+        self.fill(request, texts)
+        return request
+
+    def fill(self, request: Request, texts: list[str]) -> None:
+        """Tokenize ``texts`` into ``request``; raises the request's error (TOO_MANY_TOKENS, EMPTY_TEXT)."""
         ids, buckets, truncated = [], [], []
         for i, text in enumerate(texts):
             enc = self.tokenizer.encode(text, max_length=self.max_text_tokens)
-            if enc.truncated and not truncate:
+            if enc.truncated and not request.truncate:
                 raise RequestError(f"texts[{i}] is longer than {self.max_text_tokens} tokens and truncate=false",
                                    ErrorCode.TOO_MANY_TOKENS)
             a = np.asarray(enc.ids, dtype=np.int64)  # (n,)
@@ -48,23 +78,41 @@ class Admission:
             ids.append(a)
             buckets.append(self.shapes.bucket_for(a.size))
             truncated.append(bool(enc.truncated))
-        return Request(ids, buckets, arrival, truncated=truncated, **fields)
+        request.set_tokens(ids, buckets, truncated)
 
-    def admit(self, request: Request) -> None:
-        """Count the request's texts against the bound, or raise OVERLOADED."""
-        n = request.texts
-        if self.texts + n > self.max_texts or self.queued_tokens + request.cost > self.max_queue_tokens:
-            raise FlowError(f"queue full ({self.texts} texts, {self.queued_tokens} tokens queued); retry later",
-                            ErrorCode.OVERLOADED)
-        self.texts += n
-        self.queued_tokens += request.cost
+    def admit(self, request: Request) -> bool:
+        """Count the request's texts against the queue bound, or raise OVERLOADED. False (nothing
+        counted) when the request was answered meanwhile (a drain timed out)."""
+        with self._lock:
+            if request.released:
+                return False
+            n = request.texts
+            if self.texts + n > self.max_texts or self.queued_tokens + request.cost > self.max_queue_tokens:
+                raise FlowError(f"queue full ({self.texts} texts, {self.queued_tokens} tokens queued); retry later",
+                                ErrorCode.OVERLOADED)
+            self.texts += n
+            self.queued_tokens += request.cost
+            request.admitted = True
+            return True
+
+    def unreserve(self, text_bytes: int) -> None:
+        """The request's texts are tokenized (or refused): they leave the backlog."""
+        with self._lock:
+            self.pending_bytes -= text_bytes
+
+    # ------------------------------------------------------------ I/O thread, on reply
 
     def release(self, request: Request) -> None:
-        """The request was answered: its texts leave the bound."""
-        self.texts -= request.texts
-        self.queued_tokens -= request.cost
+        """The request was answered: its texts leave the bound, and it is never admitted after."""
+        with self._lock:
+            request.released = True
+            if request.admitted:
+                request.admitted = False
+                self.texts -= request.texts
+                self.queued_tokens -= request.cost
 
     def info(self) -> dict:
         """Counts for the ``queue`` block of health and stats (``edge.ipc.protocol.QueueInfo``)."""
         return {"texts": self.texts, "max_texts": self.max_texts,
-                "tokens": self.queued_tokens, "max_queued_tokens": self.max_queue_tokens}
+                "tokens": self.queued_tokens, "max_queued_tokens": self.max_queue_tokens,
+                "pending_text_bytes": self.pending_bytes, "max_pending_text_bytes": self.max_pending_bytes}

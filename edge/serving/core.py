@@ -1,12 +1,14 @@
-"""The serving core, built in one place: shapes, admission, scheduler, engine loop, metrics.
+"""The serving core, built in one place: shapes, admission, tokenizer stage, scheduler, engine
+loop, metrics.
 
 The transport (``edge/ipc/server.py``) owns sockets and replies; it hands admitted requests to
 this core and reads results from its outbox. Nothing here knows about ZeroMQ, so the core runs
 the same under the socket server, a benchmark or a test.
 
-Owners: the shapes are read-only; admission's counters belong to the I/O thread (the transport
-calls it); the scheduler's queue, the engine and the buffers belong to the engine loop's thread;
-the metrics take a lock of their own.
+Owners: the shapes are read-only; admission's counters take a lock of their own (the I/O thread
+reserves and releases, the tokenizer stage admits); the tokenizer belongs to the tokenizer
+stage's thread; the scheduler's queue, the engine and the buffers belong to the engine loop's
+thread; the metrics take a lock of their own.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from edge.device import device_kind
 from edge.serving.admission import Admission
 from edge.serving.engine_loop import EngineLoop
 from edge.serving.metrics import Metrics
-from edge.serving.request import Admit, Cancel, Request
+from edge.serving.request import Cancel, Request
 from edge.serving.scheduler import BucketScheduler
 from edge.serving.shapes import BatchShapes
+from edge.serving.tokenize_stage import TokenizeStage
 from edge.settings import ServingSettings
 from edge.warmup import preallocate
 
@@ -47,16 +50,20 @@ class ServingCore:
                                buffers=buffers if buffers is not None else preallocate(shapes, engine),
                                metrics=self.metrics)
         self.outbox = self.loop.outbox
+        self.tokenize = TokenizeStage(self.admission, self.loop.submit, self.outbox, self.metrics)
         self._thread: threading.Thread | None = None
 
     def start(self, wake) -> None:
-        """Start the engine loop's thread; ``wake()`` is called after each message put in the outbox."""
+        """Start the engine loop's and the tokenizer stage's threads; ``wake()`` is called after
+        each message put in the outbox."""
         self.loop.wake = wake
         self._thread = threading.Thread(target=self.loop.run, name="edge-engine-loop", daemon=True)
         self._thread.start()
+        self.tokenize.start(wake)
 
     def stop(self, timeout_s: float = 2.0) -> bool:
-        """Stop the loop; True once its thread has ended (an engine stuck in run() keeps it)."""
+        """Stop both threads; True once the loop's has ended (an engine stuck in run() keeps it)."""
+        self.tokenize.stop(timeout_s)
         self.loop.stop()
         if self._thread is None:
             return True
@@ -65,17 +72,20 @@ class ServingCore:
 
     # ---------------------------------------------------------------- I/O thread
 
-    def admit(self, texts: list[str], truncate: bool, arrival: float, **fields) -> Request:
-        """Tokenize, count against the queue bound and queue ``texts``; raises the request's error
-        (TOO_MANY_TOKENS, OVERLOADED) before anything is queued."""
-        request = self.admission.tokenize(texts, truncate, arrival, **fields)
-        self.admission.admit(request)  # raises OVERLOADED; nothing after it can fail
-        self.metrics.accepted(request.texts)
-        self.loop.submit(Admit(request))
+    def admit(self, texts: list[str], truncate: bool, arrival: float, *, text_bytes: int | None = None,
+              **fields) -> Request:
+        """Count ``texts`` against the tokenizer's backlog and hand them to the tokenizer stage.
+        Raises OVERLOADED before anything is queued; later refusals (EMPTY_TEXT, TOO_MANY_TOKENS,
+        a full queue) come back through the outbox as :class:`Failed`."""
+        if text_bytes is None:
+            text_bytes = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+        self.admission.reserve(text_bytes)  # raises OVERLOADED; nothing after it can fail
+        request = Request([], [], arrival, texts_in=texts, text_bytes=text_bytes, truncate=truncate, **fields)
+        self.tokenize.submit(request)
         return request
 
     def cancel(self, target: Request, reply_to: Any) -> None:
-        self.loop.submit(Cancel(target, reply_to))
+        self.tokenize.submit(Cancel(target, reply_to))
 
     def release(self, request: Request) -> None:
         """``request`` was answered: it leaves the queue bound."""

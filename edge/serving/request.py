@@ -8,8 +8,11 @@ the engine loop, the outputs and the timings.
 
 Who writes which fields (each field has one writer thread)::
 
-    I/O thread, before Admit is queued   reply_to, trace_id, request_id, key, arrival, deadline,
-                                         priority, ids, tokens, buckets, truncated, cost, parts
+    I/O thread, on arrival               reply_to, trace_id, request_id, key, arrival, deadline,
+                                         priority, texts_in, text_bytes, truncate
+    tokenizer stage, before Admit        ids, tokens, buckets, truncated, cost, parts (set_tokens),
+                                         texts_in (dropped), finished (only if never admitted)
+    admission, under its lock            admitted, released
     engine loop (and its scheduler)      seq, eff_deadline, idle_arrival, Part.queued, remaining,
                                          finished, out, queue_ms, compute_ms, last_batch
 
@@ -17,7 +20,9 @@ The I/O thread reads the engine loop's fields only after the loop has handed the
 in a :class:`Finished` message; the deque the message travels through orders the writes.
 Whether a request has been *answered* is the I/O thread's alone: its table of requests in flight.
 
-Messages, I/O thread -> engine loop: :class:`Admit`, :class:`Cancel`.
+Messages, I/O thread -> tokenizer stage: the request itself, :class:`Cancel`; tokenizer stage ->
+engine loop: :class:`Admit`, :class:`Cancel` (in the order they came, so a cancel never
+overtakes its request).
 Engine loop -> I/O thread (its outbox): :class:`Finished`, :class:`Failed`, :class:`CancelOutcome`.
 """
 
@@ -52,7 +57,9 @@ class Request:
     __slots__ = (
         # I/O thread, set before the request is handed over
         "reply_to", "trace_id", "request_id", "key", "arrival", "deadline", "priority",
-        "ids", "tokens", "buckets", "truncated", "cost", "parts",
+        "texts_in", "text_bytes", "truncate",
+        # tokenizer stage (set_tokens), then admission
+        "ids", "tokens", "buckets", "truncated", "cost", "parts", "admitted", "released",
         # engine loop
         "seq", "eff_deadline", "idle_arrival", "remaining", "finished", "out", "queue_ms", "compute_ms",
         "last_batch",
@@ -60,7 +67,8 @@ class Request:
 
     def __init__(self, ids: list, buckets: list[int], arrival: float, *, deadline: float | None = None,
                  priority: int = 1, reply_to: Any = None, trace_id: str = "", request_id: Any = None,
-                 key: Any = None, truncated: list[bool] | None = None) -> None:
+                 key: Any = None, truncated: list[bool] | None = None, texts_in: list[str] | None = None,
+                 text_bytes: int = 0, truncate: bool = True) -> None:
         self.reply_to = reply_to  # the transport's return address (opaque here)
         self.trace_id = trace_id  # 16 hex digits, in the reply and every log line about this request
         self.request_id = request_id  # the client's id, or None
@@ -68,21 +76,30 @@ class Request:
         self.arrival = arrival  # monotonic s, stamped on arrival at the socket
         self.deadline = deadline  # monotonic s, or None
         self.priority = priority  # 0 first .. 2 last
+        self.texts_in = texts_in  # the texts, until the tokenizer stage has their ids
+        self.text_bytes = text_bytes  # their UTF-8 bytes, counted against the tokenizer's backlog bound
+        self.truncate = truncate  # False: a text over the model's maximum is refused
+        self.admitted = False  # counted against the queue bound (admission)
+        self.released = False  # answered: out of the queue bound for good (admission)
+        self.set_tokens(ids, buckets, truncated)
+        self.seq = 0  # arrival order in the scheduler
+        self.eff_deadline = math.inf  # deadline, or arrival + default; the scheduler's ordering key
+        self.idle_arrival = False  # arrived when no batch was running: dispatch at once
+        self.finished = False  # every text ran, or the request was dropped: its other parts are ignored
+        self.out = None  # (N, D) float32, allocated by the engine loop
+        self.queue_ms = 0.0  # longest wait of any text before its batch ran (ms)
+        self.compute_ms = 0.0  # sum of the engine times of the batches it was in (ms)
+        self.last_batch = -1  # number of the last batch it was in (counts compute_ms once per batch)
+
+    def set_tokens(self, ids: list, buckets: list[int], truncated: list[bool] | None = None) -> None:
+        """The ids and bucket of each text (the tokenizer stage, before the request is admitted)."""
         self.ids = ids  # per text: (n,) int64
         self.tokens = [len(a) for a in ids]  # per text: n, specials included
         self.buckets = list(buckets)  # per text: bucket (tokens)
         self.truncated = list(truncated) if truncated is not None else [False] * len(ids)
         self.cost = sum(self.buckets)  # padded tokens counted against the queue bound
         self.parts = [Part(self, i, a, b) for i, (a, b) in enumerate(zip(ids, buckets))]
-        self.seq = 0  # arrival order in the scheduler
-        self.eff_deadline = math.inf  # deadline, or arrival + default; the scheduler's ordering key
-        self.idle_arrival = False  # arrived when no batch was running: dispatch at once
-        self.remaining = len(self.parts)  # texts not yet run
-        self.finished = False  # every text ran, or the request was dropped: its other parts are ignored
-        self.out = None  # (N, D) float32, allocated by the engine loop
-        self.queue_ms = 0.0  # longest wait of any text before its batch ran (ms)
-        self.compute_ms = 0.0  # sum of the engine times of the batches it was in (ms)
-        self.last_batch = -1  # number of the last batch it was in (counts compute_ms once per batch)
+        self.remaining = len(self.parts)  # texts not yet run (engine loop after this)
 
     @property
     def texts(self) -> int:

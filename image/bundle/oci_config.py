@@ -7,23 +7,60 @@ What the runtime gets, and why:
   so host applications reach the ``ipc://`` socket;
 * a non-root uid/gid, ``noNewPrivileges``, every capability dropped, a seccomp allowlist;
 * its own pid/ipc/uts/mount namespaces, and its own (empty) network namespace unless the
-  runtime is configured for TCP, which needs the host's.
+  runtime is configured for TCP, which needs the host's;
+* limits, so a leak or a flood ends in this container's cgroup, not in the device's OOM
+  killer: memory (no swap) from the package's size (:func:`memory_limit`), tasks
+  (:data:`PIDS_LIMIT`), open files (:data:`NOFILE`).
 """
 
 from __future__ import annotations
 
 from image.bundle import seccomp
 
-__all__ = ["OCI_VERSION", "CONTAINER_SOCKET_DIR", "NOTIFY_DIR", "MOUNTPOINTS", "runtime_config"]
+__all__ = ["OCI_VERSION", "CONTAINER_SOCKET_DIR", "NOTIFY_DIR", "MOUNTPOINTS", "NOFILE", "PIDS_LIMIT",
+           "MEMORY_HEADROOM", "memory_limit", "runtime_config"]
 
 OCI_VERSION = "1.0.2-dev"  # `runc spec` of runc 1.1.x writes this version
 CONTAINER_SOCKET_DIR = "/run/edge"
 NOTIFY_DIR = "/run/notify"  # where runc bind-mounts its NOTIFY_SOCKET relay (runc 1.1)
 TMP_SIZE = "64m"  # /tmp tmpfs: ORT's database, nothing big (bytes, tmpfs size= syntax)
-NOFILE = 4096  # open files: the server keeps one per client connection
+SHM_SIZE = "65536k"  # /dev/shm tmpfs (runc spec's default)
 # Directories runc mounts onto; created in the rootfs at build time so runc never has to
 # write into the bundle (it may live on a read-only partition).
 MOUNTPOINTS = ["/proc", "/dev", "/sys", "/tmp", CONTAINER_SOCKET_DIR, NOTIFY_DIR]
+MIB = 1 << 20
+# Open files, soft = hard: one per client connection. 20,000 held connections must fit; the
+# server caps its connections below the soft limit (edge/ipc/connections.py) and raises the
+# soft limit to the hard one itself (edge/boot.py), so soft = hard costs nothing.
+NOFILE = 65536
+# Tasks (threads and processes) of the container. The runtime has a few dozen threads at most:
+# ORT's intra- and inter-op pools or torch's (one per core each, 12 cores on an AGX Orin),
+# libzmq's I/O and reaper threads, the server's I/O, engine and tokenizer threads, jemalloc's
+# background threads (one per core). 256 is 4x that, and stops a thread leak or a fork bomb.
+PIDS_LIMIT = 256
+# Memory above the files the container maps (bytes). The runtime's own bound is "mapped weights
+# plus 512 MiB" of anonymous memory. On top of it the cgroup is charged for the tmpfs mounts
+# (/tmp 64 MiB, /dev/shm 64 MiB) and for each client connection: 26 KiB, held idle or after one
+# request (measured in this bundle under runc, 4,000 connections: +100 MiB of memory.usage, libzmq's
+# buffers and pipes plus the kernel's socket), so 500 MiB for the 20,000 connections NOFILE is
+# sized for. 512 + 128 + 500 = 1140 MiB; 1.5 GiB leaves 400 MiB of margin.
+MEMORY_HEADROOM = 1536 * MIB  # 1.5 GiB
+
+
+def memory_limit(mapped_bytes: int) -> int:
+    """``memory.max`` of the container (bytes): the files it maps, plus :data:`MEMORY_HEADROOM`,
+    rounded up to a MiB.
+
+    ``mapped_bytes`` is the model package's size on disk plus the runtime's files (libraries,
+    byte code): mapped and read pages are page cache charged to the container's cgroup, so a
+    limit below them would make the kernel evict the weights the engine is reading (a slow
+    thrash, not an OOM kill). The whole package counts, though one engine reads only its files:
+    the limit is a bound, not an estimate.
+    """
+    if mapped_bytes < 0:
+        raise ValueError(f"mapped_bytes must be >= 0, got {mapped_bytes}")
+    return -(-(mapped_bytes + MEMORY_HEADROOM) // MIB) * MIB
+
 
 # runc's default masked paths, and the TPM's: what the container reads there is nobody's business
 # (power readings have leaked secrets through RAPL timing; the TPM's event log names the boot
@@ -42,7 +79,7 @@ def _mounts(socket_dir_host: str) -> list[dict]:
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+         "options": ["nosuid", "noexec", "nodev", "mode=1777", f"size={SHM_SIZE}"]},
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
         {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
@@ -63,9 +100,9 @@ def tmp_bind_mounts(roots: list[str]) -> list[dict]:
 
 
 def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, socket_dir_host: str,
-                   arch: str, share_host_network: bool = False, hostname: str = "edge",
-                   tmp_roots: list[str] = ()) -> dict:
-    """The config.json dict (before CDI edits are merged)."""
+                   arch: str, memory_bytes: int, pids: int = PIDS_LIMIT, nofile: int = NOFILE,
+                   share_host_network: bool = False, hostname: str = "edge", tmp_roots: list[str] = ()) -> dict:
+    """The config.json dict (before CDI edits are merged); ``memory_bytes`` from :func:`memory_limit`."""
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]  # cgroup: sees only its own
     if not share_host_network:
         namespaces.append({"type": "network"})  # loopback only: ipc:// needs no network
@@ -78,14 +115,20 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": "/",
             "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": NOFILE, "soft": NOFILE}],
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
             "noNewPrivileges": True,
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": hostname,
         "mounts": _mounts(socket_dir_host) + tmp_bind_mounts(list(tmp_roots)),
         "linux": {
-            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "resources": {
+                "devices": [{"allow": False, "access": "rwm"}],
+                # swap = limit: memory+swap may not exceed memory, so no swap (cgroup v2:
+                # memory.swap.max 0). A Jetson swaps to zram; swapped weights would stall requests.
+                "memory": {"limit": memory_bytes, "swap": memory_bytes},
+                "pids": {"limit": pids},
+            },
             "namespaces": namespaces,
             "maskedPaths": list(_MASKED),
             "readonlyPaths": list(_READONLY),

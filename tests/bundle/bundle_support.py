@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,45 @@ def runc_or_skip() -> str:
     if os.geteuid() != 0:
         pytest.skip("runc run needs root here (no rootless setup)")
     return runc
+
+
+def _has_cap_sys_resource() -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> 24 & 1)  # CAP_SYS_RESOURCE = 24
+    return False
+
+
+def host_nofile(wanted: int) -> int:
+    """The RLIMIT_NOFILE runc can give a container here: ``wanted``, unless it is above this
+    process's hard limit and root lacks CAP_SYS_RESOURCE (a build host where root
+    cannot raise its hard limit of 20,000: runc would fail with "error setting rlimit type 7")."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or wanted <= hard or _has_cap_sys_resource():
+        return wanted
+    return hard
+
+
+def runnable_bundle(bundle: Path, workdir: Path) -> Path:
+    """``bundle``, or where this host cannot grant its RLIMIT_NOFILE, a directory in ``workdir``
+    with a copy of its config.json (that limit lowered to :func:`host_nofile`, paths made absolute)
+    and of its metadata, as edge-supervise does for deferred devices. The bundle stays untouched."""
+    config = json.loads((bundle / "config.json").read_text())
+    rlimits = config["process"]["rlimits"]
+    nofile = next(r for r in rlimits if r["type"] == "RLIMIT_NOFILE")
+    allowed = host_nofile(nofile["hard"])
+    if allowed == nofile["hard"]:
+        return bundle
+    nofile["hard"] = nofile["soft"] = allowed
+    config["root"]["path"] = str(bundle.resolve() / config["root"]["path"])
+    for m in config["mounts"]:  # binds of the rootfs's under-tmp copies name it relative to the bundle
+        if m["type"] == "bind" and not os.path.isabs(m["source"]):
+            m["source"] = str(bundle.resolve() / m["source"])
+    out = workdir / f"host-bundle-{uuid.uuid4().hex[:8]}"
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(config))
+    shutil.copyfile(bundle / "edge-bundle.json", out / "edge-bundle.json")
+    return out
 
 
 def bundle_key(package: Path) -> str:
@@ -65,6 +105,7 @@ class Container(NotifiedProcess):
 
     def __init__(self, bundle: Path, workdir: Path, runc: str, prefix: str) -> None:
         self.runc = runc
+        self.bundle = bundle  # the directory runc runs (its config.json is what the container got)
         self.id = f"{prefix}-{uuid.uuid4().hex[:10]}"
         super().__init__([runc, "run", "--bundle", str(bundle), self.id], notify_path=workdir / "notify.sock",
                          log_path=workdir / f"{self.id}.log", new_session=True,
@@ -100,10 +141,11 @@ class Container(NotifiedProcess):
 
 
 def start_container(bundle: Path, workdir: Path, prefix: str = "edge-test") -> Container:
-    """``runc run --bundle`` with a NOTIFY_SOCKET the test listens on; does not wait."""
+    """``runc run --bundle`` with a NOTIFY_SOCKET the test listens on; does not wait.
+    ``bundle``'s open-files limit is lowered where this host cannot grant it (:func:`runnable_bundle`)."""
     runc = runc_or_skip()
     workdir.mkdir(parents=True, exist_ok=True)
-    return Container(bundle, workdir, runc, prefix)
+    return Container(runnable_bundle(bundle, workdir), workdir, runc, prefix)
 
 
 def plain_runtime(package: Path, workdir: Path, env: dict[str, str]):

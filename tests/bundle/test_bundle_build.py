@@ -20,6 +20,7 @@ from image.bundle import cdi, oci_config, seccomp
 from image.bundle.rootfs import Rootfs, elf_machine
 
 ORIN = FIXTURES / "cdi-orin.yaml"
+_MIB, _GIB = 1 << 20, 1 << 30
 
 
 def _supervise_module():
@@ -55,13 +56,67 @@ def test_config_is_locked_down(ort_bundle):
     assert {"type": "network"} in c["linux"]["namespaces"]  # ipc only: no host network
     assert c["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ERRNO"
     assert c["linux"]["resources"]["devices"][0] == {"allow": False, "access": "rwm"}
+    limits = meta["limits"]
+    assert c["linux"]["resources"]["memory"] == {"limit": limits["memory_bytes"], "swap": limits["memory_bytes"]}
+    assert c["linux"]["resources"]["pids"] == {"limit": 256}
+    assert p["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}]
     assert os.stat(ort_bundle / "rootfs" / "tmp").st_mode & 0o1777 == 0o1777  # runc copies it onto the tmpfs
 
 
 def test_tcp_shares_the_host_network_only_then():
-    kw = dict(args=["python"], env={}, uid=1, gid=1, socket_dir_host="/run/edge", arch="x86_64")
+    kw = dict(args=["python"], env={}, uid=1, gid=1, socket_dir_host="/run/edge", arch="x86_64", memory_bytes=1 << 30)
     assert {"type": "network"} in oci_config.runtime_config(**kw)["linux"]["namespaces"]
     assert {"type": "network"} not in oci_config.runtime_config(**kw, share_host_network=True)["linux"]["namespaces"]
+
+
+def test_memory_limit_is_the_mapped_files_plus_the_headroom_rounded_up_to_a_mib():
+    headroom = 1536 * _MIB  # 512 MiB anonymous + 128 MiB tmpfs + 20,000 connections x 26 KiB, and margin
+    assert oci_config.MEMORY_HEADROOM == headroom
+    assert oci_config.memory_limit(0) == headroom
+    assert oci_config.memory_limit(1) == headroom + _MIB  # rounded up, never down
+    assert oci_config.memory_limit(_MIB) == headroom + _MIB  # a whole MiB stays as it is
+    assert oci_config.memory_limit(_MIB + 1) == headroom + 2 * _MIB
+    # The MiniLM onnxruntime bundle on this machine (docs/bundle.md): package + runtime files.
+    assert oci_config.memory_limit(271_812_167 + 125_921_829) == 1916 * _MIB
+    with pytest.raises(ValueError):
+        oci_config.memory_limit(-1)
+
+
+def test_resource_limits_and_the_units_drop_in_derive_from_the_sizes():
+    from image.bundle.limits import UNIT_MEMORY_OVERHEAD, resource_limits, unit_dropin
+
+    limits = resource_limits(300 * _MIB + 5, 100 * _MIB)
+    assert limits["memory_bytes"] == 1937 * _MIB  # 300 MiB + 5 B + 100 MiB + 1.5 GiB, rounded up
+    assert limits["swap_bytes"] == 0 and limits["pids"] == 256 and limits["nofile"] == 65536
+    assert limits["memory_derivation"] == {"package_bytes": 300 * _MIB + 5, "runtime_bytes": 100 * _MIB,
+                                           "headroom_bytes": 1536 * _MIB, "rounded_to": "MiB"}
+    assert limits["unit_memory_max"] == 1937 * _MIB + UNIT_MEMORY_OVERHEAD == 2065 * _MIB
+    assert limits["unit_tasks_max"] == 320
+    text = unit_dropin(limits)
+    assert text.endswith("[Service]\nMemoryMax=2065M\nTasksMax=320\n")
+    config = oci_config.runtime_config(args=["python"], env={}, uid=1, gid=1, socket_dir_host="/s", arch="x86_64",
+                                       memory_bytes=limits["memory_bytes"], pids=limits["pids"])
+    assert config["linux"]["resources"]["memory"] == {"limit": 1937 * _MIB, "swap": 1937 * _MIB}
+    assert config["linux"]["resources"]["pids"] == {"limit": 256}
+    assert config["process"]["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}]
+
+
+def test_bundle_records_its_limits_and_writes_the_units_drop_in(ort_bundle):
+    from image.bundle.limits import UNIT_DROPIN
+
+    meta = bundle_meta(ort_bundle)
+    limits, sizes = meta["limits"], meta["sizes"]
+    assert limits["memory_derivation"]["package_bytes"] == sizes["package_bytes"] == meta["package"]["bytes"]
+    assert limits["memory_derivation"]["runtime_bytes"] == sizes["runtime_bytes"]
+    assert limits["memory_bytes"] == oci_config.memory_limit(sizes["package_bytes"] + sizes["runtime_bytes"])
+    assert limits["memory_bytes"] % _MIB == 0 and limits["unit_dropin"] == UNIT_DROPIN
+    dropin = (ort_bundle / UNIT_DROPIN).read_text()
+    assert f"MemoryMax={limits['unit_memory_max'] // _MIB}M\n" in dropin
+    assert f"TasksMax={limits['unit_tasks_max']}\n" in dropin
+    # The static unit covers this (the default) bundle, as its comment says.
+    unit = (REPO / "systemd" / "edge.service").read_text()
+    assert "\nMemoryMax=3G\n" in unit and "\nTasksMax=512\n" in unit
+    assert limits["unit_memory_max"] <= 3 * _GIB - 512 * _MIB and limits["unit_tasks_max"] <= 512  # with margin
 
 
 def test_metadata_tells_clients_where_to_connect(ort_bundle, minilm_package):
@@ -148,7 +203,7 @@ def test_cdi_yaml_spec_merges_nodes_mounts_env_hooks_and_gids():
     paths = [n["path"] for n in edits.device_nodes]
     assert "/dev/nvmap" in paths and "/dev/nvgpu/igpu0/ctrl" in paths and len(paths) == len(set(paths))
     config = oci_config.runtime_config(args=["python"], env={"HOME": "/tmp", "NVIDIA_VISIBLE_DEVICES": "x"}, uid=UID,
-                                       gid=GID, socket_dir_host="/run/edge", arch="aarch64")
+                                       gid=GID, socket_dir_host="/run/edge", arch="aarch64", memory_bytes=_GIB)
     deferred = cdi.merge(config, edits)
     # Not on this host: deferred to the device, where edge-supervise reads major/minor.
     assert {n["path"] for n in deferred} == set(paths)
@@ -169,7 +224,8 @@ def test_cdi_json_nodes_present_on_the_host_get_major_minor_at_build(tmp_path):
         "deviceNodes": [{"path": "/dev/nvmap", "hostPath": "/dev/null"}, {"path": "/dev/nvhost-gpu"}]}}]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     edits = cdi.select_edits(cdi.load_spec(tmp_path / "spec.json"), ["0"])
-    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="x86_64")
+    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="x86_64",
+                                       memory_bytes=_GIB)
     deferred = cdi.merge(config, edits)
     assert [n["path"] for n in deferred] == ["/dev/nvhost-gpu"]
     (dev,) = config["linux"]["devices"]
@@ -180,7 +236,8 @@ def test_cdi_json_nodes_present_on_the_host_get_major_minor_at_build(tmp_path):
 
 
 def test_cdi_mountpoints_are_made_in_the_rootfs(tmp_path):
-    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="aarch64")
+    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="aarch64",
+                                       memory_bytes=_GIB)
     cdi.merge(config, cdi.select_edits(cdi.load_spec(ORIN)))
     rootfs = Rootfs(tmp_path / "rootfs")
     rootfs.make_mountpoints(config["mounts"])
@@ -192,7 +249,8 @@ def test_supervisor_resolves_deferred_devices_at_start(tmp_path):
     sup = _supervise_module()
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="x86_64")
+    config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="x86_64",
+                                       memory_bytes=_GIB)
     (bundle / "config.json").write_text(json.dumps(config))
     meta = {"cdi": {"deferred_devices": [{"path": "/dev/nvmap", "hostPath": "/dev/null"}]}}
     work = tmp_path / "work"
@@ -229,5 +287,25 @@ def test_systemd_units_verify():
         assert out.returncode == 0 and not out.stderr.strip(), f"{unit.name}: {out.stderr}"
     text = (REPO / "systemd" / "edge.service").read_text()
     for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=", "Restart=on-failure", "StartLimitBurst=",
-                 "ExecStopPost="):
+                 "ExecStopPost=", "MemoryMax=", "TasksMax="):
         assert line in text, line
+
+
+def test_unit_with_the_bundles_drop_in_verifies(ort_bundle, tmp_path):
+    """The drop-in the build writes is a valid override of edge.service (read from edge.service.d/ beside it)."""
+    from image.bundle.limits import UNIT_DROPIN
+
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    shutil.copyfile(REPO / "systemd" / "edge.service", tmp_path / "edge.service")
+    (tmp_path / "edge.service.d").mkdir()
+    shutil.copyfile(ort_bundle / UNIT_DROPIN, tmp_path / UNIT_DROPIN)
+    (tmp_path / "edge.service.d" / "probe.conf").write_text("[Service]\nNoSuchKey=1\n")  # shows it is read
+    out = subprocess.run([analyze, "verify", str(tmp_path / "edge.service")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "NoSuchKey" in out.stderr, out.stderr
+    (tmp_path / "edge.service.d" / "probe.conf").unlink()
+    out = subprocess.run([analyze, "verify", str(tmp_path / "edge.service")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr

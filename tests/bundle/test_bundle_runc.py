@@ -149,6 +149,63 @@ def test_only_the_runtimes_socket_families_and_its_own_cgroup(container, ort_bun
     assert set(r["cgroups"]) == {"/"}, r["cgroups"]  # a cgroup namespace: the host's hierarchy is not visible
 
 
+_LIMITS_PROBE = (
+    "import json, os, resource\n"
+    "def read(p):\n"
+    "    try:\n"
+    "        return open(p).read().strip()\n"
+    "    except OSError:\n"
+    "        return None\n"
+    "v2 = os.path.exists('/sys/fs/cgroup/cgroup.controllers')\n"
+    "if v2:  # the unified hierarchy (JetPack 6): one directory, the container's cgroup at its root\n"
+    "    res = {'memory': read('/sys/fs/cgroup/memory.max'), 'swap': read('/sys/fs/cgroup/memory.swap.max'),\n"
+    "           'pids': read('/sys/fs/cgroup/pids.max')}\n"
+    "else:  # cgroup v1 (this build host): one directory per controller\n"
+    "    res = {'memory': read('/sys/fs/cgroup/memory/memory.limit_in_bytes'),\n"
+    "           'memsw': read('/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes'),\n"
+    "           'pids': read('/sys/fs/cgroup/pids/pids.max')}\n"
+    "res['v2'] = v2\n"
+    "res['nofile'] = resource.getrlimit(resource.RLIMIT_NOFILE)  # this probe's, from runc exec\n"
+    "line = next(l for l in open('/proc/1/limits') if l.startswith('Max open files'))\n"
+    "res['runtime_nofile'] = [int(x) for x in line.split()[3:5]]  # the runtime's (pid 1): soft, hard\n"
+    "print(json.dumps(res))\n"
+)
+
+
+def _run_nofile(container) -> int:
+    config = json.loads((container.bundle / "config.json").read_text())
+    (r,) = [r for r in config["process"]["rlimits"] if r["type"] == "RLIMIT_NOFILE"]
+    return r["hard"]
+
+
+def test_memory_and_pids_limits_are_in_effect_inside(container, ort_bundle):
+    """The container's cgroup has the limits config.json derived from the package: memory
+    without swap, and pids. Read from inside (a cgroup namespace: its own cgroup is the root)."""
+    limits = bundle_meta(ort_bundle)["limits"]
+    resources = json.loads((ort_bundle / "config.json").read_text())["linux"]["resources"]
+    assert resources["memory"] == {"limit": limits["memory_bytes"], "swap": limits["memory_bytes"]}
+    assert resources["pids"] == {"limit": limits["pids"]} == {"limit": 256}
+    r = _exec_json(container, bundle_meta(ort_bundle)["python"], _LIMITS_PROBE)
+    assert r["memory"] == str(limits["memory_bytes"]), r
+    assert r["pids"] == "256", r
+    if r["v2"]:
+        assert r["swap"] == "0", r  # memory.swap.max: swap = limit in the spec, none on top
+    elif r["memsw"] is not None:  # v1 with swap accounting: memory+swap = memory
+        assert r["memsw"] == str(limits["memory_bytes"]), r
+
+
+def test_open_files_limit_is_in_effect_inside(container, ort_bundle):
+    """RLIMIT_NOFILE soft = hard = 65536 (20,000 held connections fit under the server's cap)."""
+    config = json.loads((ort_bundle / "config.json").read_text())
+    assert config["process"]["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}]
+    r = _exec_json(container, bundle_meta(ort_bundle)["python"], _LIMITS_PROBE)
+    ran = _run_nofile(container)
+    assert r["runtime_nofile"] == [ran, ran] and r["nofile"] == [ran, ran], r  # what runc was given, the runtime got
+    if ran != 65536:
+        pytest.skip(f"this host's root lacks CAP_SYS_RESOURCE and its hard RLIMIT_NOFILE is {ran}, so runc "
+                    f"cannot grant 65536: the container ran with {ran} (and got it); config.json says 65536")
+
+
 def test_runc_default_masks_and_the_tpm_are_masked(ort_bundle):
     masked = set(json.loads((ort_bundle / "config.json").read_text())["linux"]["maskedPaths"])
     assert {"/sys/devices/virtual/powercap", "/sys/firmware", "/proc/kcore", "/sys/class/tpm",

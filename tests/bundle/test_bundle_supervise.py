@@ -12,14 +12,15 @@ import sys
 
 from edge.readiness import NotifiedProcess
 
-from bundle_support import REPO, runc_or_skip
+from bundle_support import REPO, runc_or_skip, runnable_bundle
 
 
 def test_supervisor_relays_ready_feeds_the_watchdog_and_deletes_the_container(ort_bundle, tmp_path):
     runc = runc_or_skip()
     cid = f"edge-sup-{os.getpid()}"
     env = {**os.environ, "WATCHDOG_USEC": "1000000", "RUNTIME_DIRECTORY": str(tmp_path)}
-    sup = NotifiedProcess([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--bundle", str(ort_bundle), "--id", cid],
+    bundle = runnable_bundle(ort_bundle, tmp_path)  # its open-files limit lowered where this host cannot grant it
+    sup = NotifiedProcess([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--bundle", str(bundle), "--id", cid],
                           notify_path=tmp_path / "systemd-notify.sock", log_path=tmp_path / "sup.log", env=env)
     try:
         sup.notify.wait_for(b"WATCHDOG=1", sup.proc, 120, count=2, describe=lambda: sup.output(None))

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -21,73 +19,7 @@ from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 from ipc_fakes import FakeTokenizer, expected_embedding
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-READY_DEADLINE_S = 30.0
-
-
-def first_line_within(fd: int, timeout_s: float) -> tuple[str | None, bytes, bool]:
-    """(the first line written to pipe ``fd`` or None, all the bytes read, whether the pipe was
-    closed before a line ended); None without EOF: no line within ``timeout_s``. Reads the pipe
-    itself: nothing may have been read from its file object before."""
-    out = b""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while b"\n" not in out:
-            left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
-                return None, out, False
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None, out, True
-            out += chunk
-    return out.split(b"\n", 1)[0].decode(errors="replace"), out, False
-
-
-def wait_until(condition, timeout_s: float, what: str):
-    """Poll ``condition()`` until it is true; AssertionError naming ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        time.sleep(0.005)  # poll interval
-
-
-class ServerProcess:
-    def __init__(self, *args: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="edge-proc-", dir="/tmp")
-        self.path = f"{self.dir}/run/edge.sock"
-        self.address = f"ipc://{self.path}"
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "serve_fake.py"), "--bind", self.address, *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        )
-        line, out, closed = first_line_within(self.proc.stdout.fileno(), READY_DEADLINE_S)
-        if line is None or not line.startswith("READY"):
-            if line is not None:
-                why = f"its first line is {line!r}"
-            else:
-                why = "it closed stdout (exited?)" if closed else f"no line within {READY_DEADLINE_S:.0f} s"
-            self.kill()  # a hung child too: its stderr can then be read to the end
-            raise RuntimeError(f"server did not print READY: {why} (exit code {self.proc.returncode})\n"
-                               f"stdout: {out[-2000:].decode(errors='replace')}\n"
-                               f"stderr: {self.proc.stderr.read()[-4000:]}")
-
-    def rss_kib(self) -> int:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
-
-    def cpu_s(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime, all threads
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
+from fake_process import ServerProcess, wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +101,9 @@ def fuzz_message(rng: random.Random) -> list[bytes]:
 
 
 def huge_message(rng: random.Random) -> list[bytes]:
-    return [HEADER, b"\x00" * (4 * 1024 * 1024 + rng.randint(1, 2 * 1024 * 1024))]
+    """A frame over the 4 MiB limit that is still read (FRAME_TOO_LARGE); past 4 MiB + 64 KiB
+    libzmq closes the connection instead (docs/protocol.md, "Limits and hostile clients")."""
+    return [HEADER, b"\x00" * (4 * 1024 * 1024 + rng.randint(1, 64 * 1024))]
 
 
 def _check_valid(sock) -> None:
@@ -289,60 +223,4 @@ def test_sigterm_drains_every_request_then_exits():
         assert proc.proc.wait(15) == 0
         assert not os.path.exists(proc.path)
     finally:
-        proc.kill()
-
-
-def _counted(stats: dict, mtype: str = "infer") -> int:
-    """Replies to ``mtype`` requests as the server counts them: sent ok, sent as an error, or dropped."""
-    return stats["replies_ok"][mtype] + stats["errors_total"] + stats["replies_dropped"]
-
-
-def test_a_client_that_reads_nothing_finds_every_reply_counted():
-    """6,000 requests, no reads: the replies that fit the queues wait there, the rest are counted as dropped."""
-    proc = ServerProcess()
-    ctx = zmq.Context()
-    flooder = ctx.socket(zmq.DEALER)
-    flooder.setsockopt(zmq.LINGER, 0)
-    try:
-        flooder.connect(proc.address)
-        n = 6000
-        for i in range(n):
-            flooder.send_multipart(P.encode_request("infer", {"texts": [f"t{i} x"], "request_id": i}))
-        with EdgeClient(proc.address, timeout_s=10) as c:
-            wait_until(lambda: c.stats()["requests"]["infer"] == n and c.health()["queue"]["in_flight"] == 0,
-                       60, "every request received and answered")
-            stats = c.stats()
-        assert _counted(stats) == n, stats
-        assert stats["replies_dropped_by_reason"]["hwm"] > 0 and stats["replies_ok"]["infer"] > 0, stats
-        got = 0
-        while flooder.poll(200, zmq.POLLIN):
-            flooder.recv_multipart()
-            got += 1
-        # what the client finds waiting is what the server sent, ok or error: nothing vanished uncounted
-        assert got == stats["replies_ok"]["infer"] + stats["errors_total"], (got, stats)
-    finally:
-        flooder.close(0)
-        ctx.term()
-        proc.kill()
-
-
-def test_replies_to_a_client_that_left_are_counted_as_unroutable_not_ok():
-    proc = ServerProcess("--sleep-ms", "50")  # the replies come after the client has gone
-    ctx = zmq.Context()
-    try:
-        leaver = ctx.socket(zmq.DEALER)
-        leaver.setsockopt(zmq.LINGER, 2000)  # the requests leave before the socket does
-        leaver.connect(proc.address)
-        for i in range(20):
-            leaver.send_multipart(P.encode_request("infer", {"texts": [f"gone {i}"], "request_id": i}))
-        leaver.close()
-        with EdgeClient(proc.address, timeout_s=10) as c:
-            wait_until(lambda: c.stats()["requests"]["infer"] == 20 and c.health()["queue"]["in_flight"] == 0,
-                       30, "the left client's requests answered")
-            stats = c.stats()
-        assert _counted(stats) == 20, stats
-        assert stats["replies_dropped_by_reason"]["unroutable"] >= 10, stats
-        assert stats["replies_ok"]["infer"] == 20 - stats["replies_dropped"], stats
-    finally:
-        ctx.term()
         proc.kill()

@@ -36,7 +36,7 @@ def test_header_bytes_are_exact():
 
 def test_parse_infer_defaults_and_options():
     mtype, m = parse_request(frames("infer", {"texts": ["a b", "c"]}))
-    assert mtype == "infer" and m == P.InferMsg(["a b", "c"], None, None, 1, True)
+    assert mtype == "infer" and m == P.InferMsg(["a b", "c"], None, None, 1, True, text_bytes=4)
     _, m = parse_request(frames("infer", {"texts": ["x"], "request_id": "r1", "deadline_ms": 50, "priority": 0, "truncate": False}))
     assert (m.request_id, m.deadline_ms, m.priority, m.truncate) == ("r1", 50.0, 0, False)
     _, m = parse_request(frames("infer", {"texts": ["x"], "request_id": 7}, enc=P.JSON))
@@ -156,3 +156,46 @@ def test_public_names_of_edge_ipc():
                                 "default_address", "normalize_address", "AddressError"]
     for name in edge.ipc.__all__:
         assert getattr(edge.ipc, name).__name__ == name
+
+
+_HEADER = '{"v":1,"type":"infer"}'
+_BODY = '{"texts":["h\u00e9llo"]}'
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-32-le"])
+def test_json_in_utf16_or_utf32_without_a_bom_is_refused_as_not_utf8(codec):
+    """It starts with ``{`` (then NUL), so it is sniffed as JSON; json.loads would guess its encoding."""
+    for fr in ([_HEADER.encode(codec), _BODY.encode(codec)], [_HEADER.encode(), _BODY.encode(codec)]):
+        with pytest.raises(P.ProtocolError) as ei:
+            parse_request(fr)
+        assert ei.value.code == E.MALFORMED_FRAME and "JSON must be UTF-8" in ei.value.message, ei.value.message
+
+
+@pytest.mark.parametrize("codec,bom", [("utf-16", "UTF-16"), ("utf-16-be", None), ("utf-32", "UTF-32"),
+                                       ("utf-32-be", None), ("utf-8-sig", "UTF-8")])
+def test_json_behind_a_bom_or_big_endian_is_sniffed_as_msgpack_and_refused(codec, bom):
+    fr = [_HEADER.encode(codec), _BODY.encode(codec)]
+    assert P.sniff_encoding(fr[0]) == P.MSGPACK
+    with pytest.raises(P.ProtocolError) as ei:
+        parse_request(fr)
+    assert ei.value.code == E.MALFORMED_FRAME and ei.value.message.startswith("frame is not valid msgpack")
+    if bom:  # the message says why
+        assert f"starts with a {bom} byte order mark: JSON must be UTF-8" in ei.value.message, ei.value.message
+
+
+@pytest.mark.parametrize("body", [b"\xef\xbb\xbf" + _BODY.encode(),  # a UTF-8 BOM before the body
+                                  _BODY.encode("latin-1"),  # \xe9 alone is not UTF-8
+                                  b'{"texts":["\xed\xa0\x80"]}',  # an encoded surrogate (json.loads took it)
+                                  b'{"texts":["\xc3"]}'])  # truncated sequence
+def test_json_body_that_is_not_strict_utf8_is_refused(body):
+    with pytest.raises(P.ProtocolError) as ei:
+        parse_request([_HEADER.encode(), body])
+    assert ei.value.code == E.MALFORMED_FRAME and "JSON must be UTF-8" in ei.value.message, ei.value.message
+
+
+def test_json_in_utf8_still_decodes():
+    _, m = parse_request([_HEADER.encode(), _BODY.encode()])
+    assert m.texts == ["h\u00e9llo"]
+    assert P.decode_obj(memoryview(b'{"a":"\xe6\x97\xa5"}'), P.JSON) == {"a": "\u65e5"}
+    with pytest.raises(P.ProtocolError, match="not valid json: JSONDecodeError"):  # plain syntax errors say so
+        P.decode_obj(b'{"a":', P.JSON)

@@ -432,6 +432,7 @@ def test_stats_content(make_server, make_client):
     assert s["batches"]["by_bucket"]["8"]["tokens"] == 4 and s["batches"]["by_bucket"]["32"]["padded_tokens"] == 32
     assert s["settings"]["buckets"] == [8, 16, 32, 64] and s["settings"]["batch_caps"]["64"] == 4
     assert s["queue"] == {"texts": 0, "max_texts": 64, "tokens": 0, "max_queued_tokens": 4096, "in_flight": 0,
+                          "pending_text_bytes": 0, "max_pending_text_bytes": 32 << 20,
                           "requests": 0, "max_requests": 64, "max_tokens": 4096}  # the last three: deprecated names
     assert s["settings"]["max_text_tokens"] == s["settings"]["max_tokens"] == 64  # MAX_SEQ of conftest
     # string keys only: a strict msgpack decoder (and JSON) reads it

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edge.errors import ErrorCode, PackageError
-from edge.preload.manifest import Manifest, ModelPackage, manifest_digest, open_package
+from edge.preload.manifest import Manifest, ModelPackage, manifest_digest, model_digest, open_package
 
 MODEL_FILES = ["model.ts", "weights.safetensors", "model.onnx", "model.ort", "tokenizer.fb"]
 
@@ -149,6 +150,88 @@ def test_invalid_manifest_is_refused(minilm_package, tmp_path, edit):
     with pytest.raises(PackageError) as info:
         open_package(root, verify="none")
     assert info.value.code == ErrorCode.PACKAGE_INVALID and info.value.file == "manifest.json"
+
+
+_ENTRY = {"sha256": "0" * 64, "size": 1}
+
+
+def _add_file(d: dict, name: str, entry: dict, rehash_model: bool = True) -> None:
+    d["files"][name] = entry
+    if rehash_model:
+        d["model_sha256"] = model_digest({n: e["sha256"] for n, e in d["files"].items()})
+
+
+@pytest.mark.parametrize(
+    "name,why",
+    [
+        ("model\x00.ort", "NUL"),
+        ("\x00", "NUL"),
+        ("/etc/passwd", "path separator"),
+        ("../escape", "path separator"),
+        ("..", "directory"),
+        (".", "directory"),
+        ("", "empty"),
+        ("sub\\model.ort", "path separator"),
+        ("..\\escape", "path separator"),
+        ("model\n.ort", "control character"),
+        ("x" * 256, "256 bytes"),
+        ("\u00e9" * 128, "256 bytes"),  # 128 characters, 256 bytes of UTF-8
+        ("bad\ud800", "lone surrogate"),
+        ("manifest.json", "cannot list itself"),
+    ],
+    ids=["nul", "only_nul", "absolute", "dotdot_path", "dotdot", "dot", "empty", "backslash", "backslash_dotdot",
+         "newline", "too_long", "too_long_utf8", "surrogate", "manifest_itself"],
+)
+@pytest.mark.parametrize("verify", ["none", "full"])
+def test_malformed_file_name_is_package_invalid_naming_the_entry(minilm_package, tmp_path, name, why, verify):
+    """Every malformed name is the manifest's fault (4000), never a boot stage failure (4030)."""
+    root = clone(minilm_package, tmp_path / "pkg")
+    # Both hashes re-made: the name is the manifest's only fault (old code: ValueError or ENAMETOOLONG in
+    # stat, 4030). A lone surrogate cannot be hashed; the name check comes first, so no stale hash is read.
+    rewrite_manifest(root, lambda d: _add_file(d, name, _ENTRY, rehash_model=why != "lone surrogate"),
+                     rehash=why != "lone surrogate")
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify=verify)
+    err = info.value
+    assert err.code == ErrorCode.PACKAGE_INVALID and int(err.code) == 4000, str(err)
+    assert err.file == "manifest.json"
+    assert f"entry {name[:255]!r}" in err.message and why in err.message, err.message
+    assert "\x00" not in str(err)  # repr shows a NUL as \x00
+
+
+def test_longest_file_name_is_accepted(minilm_package, tmp_path):
+    """255 bytes is allowed (NAME_MAX); the file then only has to exist with its size."""
+    root = clone(minilm_package, tmp_path / "pkg")
+    name = "x" * 255
+    (root / name).write_bytes(b"y")
+    rewrite_manifest(root, lambda d: _add_file(d, name, {"sha256": hashlib.sha256(b"y").hexdigest(), "size": 1}))
+    assert name in open_package(root, verify="full").manifest.files
+
+
+def test_lone_surrogate_elsewhere_is_package_invalid(minilm_package, tmp_path):
+    root = clone(minilm_package, tmp_path / "pkg")
+    rewrite_manifest(root, lambda d: d.update(name="bad\ud800"), rehash=False)
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="none")
+    assert info.value.code == ErrorCode.PACKAGE_INVALID and "lone surrogate" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "edit,where",
+    [
+        (lambda d: d["engines"]["onnxruntime"].update(files="model.ort"), "engines.onnxruntime.files"),
+        (lambda d: d["engines"]["onnxruntime"].update(files=[["model.ort"]]), "engines.onnxruntime.files.0"),
+        (lambda d: d["engines"]["onnxruntime"].update(gpu_files=[1]), "engines.onnxruntime.gpu_files.0"),
+        (lambda d: d["engines"]["onnxruntime"].pop("files"), "engines.onnxruntime.files"),
+    ],
+    ids=["files_a_string", "name_a_list", "name_a_number", "no_files"],
+)
+def test_engine_file_lists_are_lists_of_names(minilm_package, tmp_path, edit, where):
+    root = clone(minilm_package, tmp_path / "pkg")
+    rewrite_manifest(root, edit)
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="none")
+    assert info.value.code == ErrorCode.PACKAGE_INVALID and where in info.value.message, info.value.message
 
 
 def test_manifest_not_json(tmp_path):
