@@ -35,15 +35,15 @@ import sys
 import threading
 from pathlib import Path
 
+from edge.engine_chain import VERIFY_SETTING, EngineChain
 from edge.errors import BootError
 from edge.notify import notify
 from edge.settings import parse_serve_args
-from edge.stages import Handoff, Stages, Task, stage_error
+from edge.stages import Handoff, Stages
 from edge.timeline import Timeline
 
 __all__ = ["main", "boot", "serve"]
 
-_VERIFY_SETTING = "--package DIR (rebuild or re-copy it) or --verify size"
 
 
 # ------------------------------------------------------------------ stages of the main thread
@@ -57,16 +57,6 @@ def import_manifest():
 def select_engine(pkg, engine: str) -> list[str]:
     """Before seconds of work: the package has files for this engine (or the boot stops here)."""
     return pkg.engine_files(engine)
-
-
-def verify_package(pkg, names: list[str]) -> None:
-    """sha256 of ``names`` against the manifest, before any parser maps them."""
-    pkg.verify_files(names)
-
-
-def verify_gpu_files(pkg, names: list[str]) -> None:
-    """sha256 of the files only the GPU path reads (ORT's model.onnx), once CUDA is chosen."""
-    pkg.verify_files(names)
 
 
 def verify_tokenizer(pkg) -> None:
@@ -88,113 +78,6 @@ def import_server():
     return importlib.import_module("edge.ipc.server")
 
 
-# ------------------------------------------------------------------ the engine's chain
-
-
-class EngineChain:
-    """The engine's stages, on threads beside the main thread's imports::
-
-        ┬─ verify_package ─┬─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate
-        └─ import_engine ──┘
-
-    Everything heavy here runs without the GIL: hashlib over a mapping, ONNX Runtime's C
-    calls through ctypes (library set-up, session creation, the warm-up batches), torch's
-    kernels. The main thread's imports hold the GIL, so the chains share the cores instead
-    of queueing on one. Loading the library parses no package file, so it runs beside the
-    hashing; the session is created only once the hashes match.
-
-    ``import torch`` is the exception: it holds the GIL for seconds, so the main thread
-    runs it first and hands the library over (``MAIN_THREAD_IMPORT``); interleaved with the
-    main thread's other imports it ran 10-25 % slower here.
-
-    The warm-up waits for neither numpy nor the tokenizer: ONNX Runtime warms on its own
-    native inputs, and the input comes tokenized in the package (``serving.warm_sample_ids``).
-    For an older package without it, the main thread hands the tokenizer over.
-    """
-
-    MAIN_THREAD_IMPORT = frozenset({"torchscript"})
-
-    def __init__(self, stages: Stages, args, pkg, tokenizer: Handoff) -> None:
-        self._stages, self._args, self._pkg, self._tokenizer = stages, args, pkg, tokenizer
-        self.engine = self.buffers = self.shapes = None
-        self.library = Handoff() if args.engine in self.MAIN_THREAD_IMPORT else None
-        self._task = Task("engine", self._chain)
-
-    def _chain(self) -> None:
-        run, args, pkg = self._stages.run, self._args, self._pkg
-        from edge.device import cuda_available, device_kind, resolve_device
-        from edge.engines import import_engine, load_engine
-
-        # Hash the engine's files before any parser sees them: a corrupt file must be refused
-        # by name, not crash a native library. Which files depends on the device, known only
-        # once the library is loaded: "auto" starts with the CPU's and adds the GPU's if needed.
-        verified = set(pkg.engine_files(args.engine, device_kind(args.device)))
-        verify = None
-        if args.verify == "full":
-            verify = Task("verify", lambda: run(verify_package, pkg, sorted(verified), setting=_VERIFY_SETTING,
-                                                overlapped=True))
-        try:
-            if self.library is not None:
-                backend = self.library.get()
-            else:
-                backend = run(import_engine, args.engine, setting="--engine", engine=args.engine, overlapped=True)
-        finally:
-            if verify is not None:
-                verify.result()  # a bad file is the error to report, even if the library failed too
-        device = resolve_device(args.device, cuda_available(args.engine, backend))
-        extra = sorted(set(pkg.engine_files(args.engine, device_kind(device))) - verified)
-        if extra and args.verify == "full":
-            run(verify_gpu_files, pkg, extra, setting=_VERIFY_SETTING, overlapped=True)
-        engine = run(load_engine, pkg, args.engine, device, setting="--engine / --device", overlapped=True)
-        self.engine = engine
-        from edge import warmup
-        from edge.serving.shapes import BatchShapes
-
-        manifest = pkg.manifest
-        shapes = BatchShapes(manifest.serving, max_seq_length=manifest.max_seq_length,
-                             kind=device_kind(engine.device))
-        run(warmup.prewarm_device, engine, args.cuda_reserve_mb, setting="--device / --cuda-reserve-mb",
-            overlapped=True)
-        sample = manifest.serving.warm_sample_ids
-        if sample is None:  # a package from before the builder stored them
-            sample = self._tokenizer.get().encode(warmup.WARM_TEXT, max_length=shapes.buckets[-1]).ids
-        # ONNX Runtime warms on its own native inputs (no numpy, which the main thread may
-        # still be importing); the buffers come after. Other engines warm through them
-        # (pinned host memory on CUDA). Padding is the engine loop's, per batch.
-        native = hasattr(engine, "warm_run")
-        allocate = lambda: run(warmup.preallocate, shapes, engine, setting="serving.max_batch_size in the package",  # noqa: E731
-                               overlapped=True)
-        buffers = None if native else allocate()
-        run(warmup.warm_buckets, engine, shapes, sample, buffers, setting="serving.warm in the package",
-            shapes=len(shapes.warm_shapes()), repeats=shapes.warm_repeats, overlapped=True)
-        self.buffers = allocate() if native else buffers
-        self.shapes = shapes
-
-    def result(self):
-        """(engine, shapes, buffers) once every stage is done; re-raises a failure as a BootError."""
-        try:
-            self._task.result()
-        except BaseException as exc:
-            if isinstance(exc, BootError) and exc.stage:
-                raise
-            err = stage_error("engine", exc, "--engine / --package DIR")  # outside any stage
-            if err is exc:
-                raise
-            raise err from exc
-        return self.engine, self.shapes, self.buffers
-
-    def settle(self, timeout_s: float = 30.0) -> None:
-        """After a main-thread failure: let the chain leave its native call before we exit.
-
-        It stops at the tokenizer handoff (cancelled by the caller) or at its end; exiting
-        while it is inside ONNX Runtime or torch could crash the interpreter's teardown and
-        hide the error we report.
-        """
-        self._task.join(timeout_s)
-        if self.engine is not None and not self._task.is_alive():
-            self.engine.close()
-
-
 # ------------------------------------------------------------------ boot
 
 
@@ -209,8 +92,21 @@ def lineage_of(manifest, engine):
                    bundle_sha256=bundle_sha256(), engine=engine.name, device=engine.device, edge_version=__version__)
 
 
-def boot(args, timeline: Timeline):
-    """Run every stage up to a bound, started server; returns (server, info)."""
+def _snapshot_point(args, pkg, bind: str, timeline: Timeline, stop) -> Timeline | None:
+    """Wait at the snapshot point (``--snapshot-point``); the timeline to go on with, or None
+    when a stop signal came first (``edge/snapshot.py``)."""
+    from edge.snapshot import pause_for_snapshot
+
+    spec = pkg.manifest.engines[args.engine]
+    names = {pkg.manifest.tokenizer, *spec.get("files", ()), *spec.get("gpu_files", ())}
+    mapped = [str(pkg.path(n)) for n in sorted(names)] + [str(pkg.root / "manifest.json")]
+    return pause_for_snapshot(_timeline_path(args, bind).parent, mapped, timeline, stop)
+
+
+def boot(args, timeline: Timeline, stop: threading.Event | None = None):
+    """Run every stage up to a bound, started server; returns (server, info). With
+    ``--snapshot-point`` it waits at the snapshot point first; (None, info) when a stop signal
+    came there."""
     stages = Stages(timeline)
     timeline.add("interpreter", 0.0, timeline.ms_at(_MODULE_BOOTTIME_S))
     manifest_mod = stages.run(import_manifest, setting="reinstall edge")
@@ -225,7 +121,7 @@ def boot(args, timeline: Timeline):
     stages.run(select_engine, pkg, args.engine, setting="--engine (one the package was built for)")
     manifest = pkg.manifest
     tokenizer_handoff = Handoff()
-    chain = EngineChain(stages, args, pkg, tokenizer_handoff)
+    chain = EngineChain(stages, args, pkg, tokenizer_handoff, stop_before_cuda=args.snapshot_point)
     try:
         if chain.library is not None:
             from edge.engines import import_engine
@@ -233,7 +129,7 @@ def boot(args, timeline: Timeline):
             chain.library.put(stages.run(import_engine, args.engine, setting="--engine", engine=args.engine))
         load_tokenizer = stages.run(import_tokenizer, setting="reinstall edge (numpy, flatbuffers)")
         if args.verify == "full":
-            stages.run(verify_tokenizer, pkg, setting=_VERIFY_SETTING)
+            stages.run(verify_tokenizer, pkg, setting=VERIFY_SETTING)
         tokenizer = stages.run(load_tokenizer, pkg.path(manifest.tokenizer), setting="--package DIR (its tokenizer file)")
         tokenizer_handoff.put(tokenizer)
         # zmq, msgpack, logging and the protocol load while the engine thread warms up.
@@ -252,9 +148,16 @@ def boot(args, timeline: Timeline):
     from edge.ipc.endpoint import default_address
     from edge.serving.core import ServingCore
 
+    bind = args.bind or default_address()
+    if args.snapshot_point:
+        timeline = _snapshot_point(args, pkg, bind, timeline, stop or threading.Event())
+        if timeline is None:
+            return None, {"bind": bind, "package": str(package_dir)}
+        stages = Stages(timeline)
+        if chain.pending:  # CUDA: the device stages come after the restore
+            engine, shapes, buffers = chain.finish(stages)
     lineage = lineage_of(manifest, engine)
     core = ServingCore(engine, tokenizer, shapes=shapes, buffers=buffers)
-    bind = args.bind or default_address()
     from edge.ipc.curve import server_curve  # --keys: CURVE on tcp:// (read in the bind stage)
 
     server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
@@ -357,7 +260,7 @@ def serve(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        server, info = boot(args, timeline)
+        server, info = boot(args, timeline, stop)
     except BootError as exc:
         from edge.log import log
 
@@ -368,7 +271,10 @@ def serve(args) -> int:
         return 3
     from edge.log import log
 
-    record = {**timeline.as_dict(), **info}
+    if server is None:  # stopped at the snapshot point
+        log("shutdown.at_snapshot_point", **info)
+        return 0
+    record = {**server.timeline(), **info}
     if stop.is_set():  # SIGTERM while booting: stop without announcing a readiness nobody will use
         log("shutdown.before_ready", **record)
         server.request_drain()
@@ -379,7 +285,8 @@ def serve(args) -> int:
     status = f"serving {lineage['model']} on {info['bind']} ({lineage['engine']}/{lineage['device']})"
     notify("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
     if sys.stderr.isatty():  # a person at a terminal: one plain line beside the JSON log
-        print(f"edge: ready in {timeline.ready_ms:.0f} ms, {status}", file=sys.stderr, flush=True)
+        print(f"edge: ready in {record['exec_to_ready_ms']:.0f} ms ({record['start']}), {status}", file=sys.stderr,
+              flush=True)
     while not stop.wait(1.0):
         pass
     log("shutdown.draining", drain_timeout_s=args.drain_timeout)

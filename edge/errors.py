@@ -69,6 +69,7 @@ class ErrorCode(IntEnum):
     ENGINE_UNAVAILABLE = 4020  # engine library not installed or device not present
     ENGINE_LOAD_FAILED = 4021  # engine library refused the model
     BOOT_STAGE_FAILED = 4030  # any other failure of a boot stage
+    SNAPSHOT_STALE = 4031  # restored from a snapshot whose mapped files changed since: boot fresh
 
 
 class EdgeError(Exception):

@@ -51,6 +51,7 @@ ENVIRONMENT = {
     "EDGE_SERVER_KEY": "the clients' --server-key (edge embed, health, stats): the server's public key file",
     "EDGE_CLIENT_KEY": "the clients' --client-key (edge embed, health, stats): the client's secret key file",
     "EDGE_TIMELINE": "edge serve --timeline",
+    "EDGE_SNAPSHOT_POINT": "edge serve --snapshot-point (1: on)",
     "EDGE_VERIFY": "edge serve --verify",
     "EDGE_DRAIN_TIMEOUT_S": "edge serve --drain-timeout",
     "EDGE_CUDA_RESERVE_MB": "edge serve --cuda-reserve-mb",
@@ -222,6 +223,10 @@ def serve_parser(env: dict | None = None):
                    help="CURVE keys for a tcp:// --bind, from `edge keys generate --out DIR`: only the clients whose "
                         "public keys are in DIR/authorized_clients are served; needed to bind beyond loopback "
                         "(env EDGE_KEYS)")
+    p.add_argument("--snapshot-point", action="store_true", default=e("EDGE_SNAPSHOT_POINT") == "1",
+                   help="stop before the first CUDA call and before bind, write snapshot-point.json beside the "
+                        "timeline and wait for SIGUSR2, to be checkpointed there (edge-bundle snapshot; "
+                        "docs/snapshot.md) (env EDGE_SNAPSHOT_POINT=1)")
     p.add_argument("--timeline", default=e("EDGE_TIMELINE"),
                    help="file for the boot timeline JSON (default: beside the ipc socket, else /tmp; env EDGE_TIMELINE)")
     p.add_argument("--verify", choices=choices["verify"], default=e("EDGE_VERIFY", "full"),

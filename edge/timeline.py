@@ -43,6 +43,8 @@ class Timeline:
         self._lock = threading.Lock()
         self._stages: list[dict] = []
         self.ready_ms: float | None = None
+        self.start = "fresh"  # or "restored": from a snapshot, exec then means the restore's start
+        self.snapshot: dict | None = None  # restored: the snapshot's own boot (edge/snapshot.py)
 
     def now_ms(self) -> float:
         return self.ms_at(time.clock_gettime(time.CLOCK_BOOTTIME))
@@ -77,4 +79,7 @@ class Timeline:
     def as_dict(self) -> dict:
         with self._lock:
             stages = sorted(self._stages, key=lambda s: s["start_ms"])
-        return {"stages": stages, "exec_to_ready_ms": self.ready_ms, "pid": os.getpid()}
+        out = {"stages": stages, "exec_to_ready_ms": self.ready_ms, "pid": os.getpid(), "start": self.start}
+        if self.snapshot is not None:
+            out["snapshot"] = self.snapshot
+        return out

@@ -372,6 +372,10 @@ def _failure(exc: Exception) -> tuple[str, int]:
         return f"{exc}; fix the --cdi spec or the --cdi-device names", 2
     if isinstance(exc, TraceError):
         return str(exc), 3
+    from image.bundle.snapshot import SnapshotError
+
+    if isinstance(exc, SnapshotError):
+        return str(exc), 3
     return f"failed: {type(exc).__name__}: {exc}", 3  # the type names a bug, should it be one
 
 
@@ -399,17 +403,22 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quiet", action="store_true")
     v = sub.add_parser("verify", help="check that every traced file is in DIR/rootfs", epilog=_EPILOG)
     v.add_argument("bundle", type=Path)
+    from image.bundle import snapshot
+
+    snapshot.add_parser(sub, _EPILOG)
     args = ap.parse_args(argv)
     progress = Progress(quiet=getattr(args, "quiet", False))
     prog = f"edge-bundle {args.command}"
     with stop_signals() as stopped:
         try:
+            if args.command == "snapshot":
+                return snapshot.command(args)
             return _verify(args.bundle) if args.command == "verify" else _build(args, progress)
         except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - one message, not a traceback
             progress.end_line()
             if isinstance(exc, KeyboardInterrupt) or stopped.signum is not None:
                 # (a child we stopped may fail as it goes, e.g. the traced boot "exited before READY")
-                done = "" if args.command == "verify" else (
+                done = "" if args.command != "build" else (
                     f"; nothing was written to {args.out} (the staging directory was removed, the traced "
                     f"runtime stopped)")
                 print(f"{prog}: {stopped.word}{done}", file=sys.stderr)

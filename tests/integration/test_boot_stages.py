@@ -33,10 +33,11 @@ def test_a_stage_is_named_after_its_function():
 
 
 def test_every_stage_boot_runs_names_a_function_in_edge():
-    """Both engines' paths, read from boot.py itself: each ``stages.run(fn, ...)``'s fn is defined in edge/."""
-    tree = ast.parse((EDGE / "boot.py").read_text())
+    """Both engines' paths, read from the boot's code itself (boot.py, the engine's chain, the
+    snapshot point): each ``stages.run(fn, ...)``'s fn is defined in edge/."""
     names = set()
-    for node in ast.walk(tree):
+    nodes = [n for f in ("boot.py", "engine_chain.py", "snapshot.py") for n in ast.walk(ast.parse((EDGE / f).read_text()))]
+    for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
             if callee == "run" and node.args:
@@ -44,7 +45,8 @@ def test_every_stage_boot_runs_names_a_function_in_edge():
                 names.add(first.attr if isinstance(first, ast.Attribute) else getattr(first, "id", None))
     assert None not in names
     assert {"open_package", "select_engine", "import_engine", "verify_package", "load_engine", "warm_buckets",
-            "import_tokenizer", "load_tokenizer", "import_server", "bind", "start"} <= names, names
+            "import_tokenizer", "load_tokenizer", "import_server", "prepare_tokenizer", "bind", "start",
+            "restore_hook"} <= names, names
     for name in names:
         assert definitions(name), f"stage {name!r}: no `def {name}(` in edge/"
 

@@ -1,0 +1,277 @@
+"""Snapshots of a bundle at its snapshot point: take one with ``runc checkpoint``, check that it
+still fits the bundle, restore it with ``runc restore`` (docs/snapshot.md).
+
+A snapshot lives beside its bundle, in ``<bundle>.snapshot/``::
+
+    config.json       the bundle's, plus ``--snapshot-point`` and a user namespace; root.path
+                      points at the bundle's rootfs. ``runc restore --bundle`` reads it.
+    images/           CRIU's image files (0711: the restore runs in the user namespace)
+    snapshot.json     what the snapshot depends on (:func:`dependencies`), its files' sizes
+
+The user namespace: CRIU must read the limits of the container's process, which needs
+CAP_SYS_RESOURCE; root on some hosts (this build machine) lacks it, but it has every
+capability in a namespace it owns. The runtime's uid and gid map to themselves, so the
+socket file is owned as in a fresh start; the rest of the range maps above 100000.
+
+``take_snapshot`` runs the bundle once with ``--snapshot-point`` (``runc run -d``, stdout a
+pipe: CRIU cannot dump a file outside the container), waits for ``snapshot-point.json`` in
+the socket directory, and checkpoints the container, which ends it. ``restore`` starts a
+container from the images, writes ``snapshot-resume.json`` (when the restore began, on the
+wall clock) and sends SIGUSR2: the runtime's restore hook runs and it binds (edge/snapshot.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["SnapshotError", "snapshot_dir", "snapshot_config", "dependencies", "take_snapshot", "check_snapshot",
+           "restore", "SNAPSHOT_FORMAT"]
+
+SNAPSHOT_FORMAT = 1
+MARKER = "snapshot-point.json"  # edge.snapshot.MARKER (the runtime's side; not imported: no edge on a bare host)
+RESUME = "snapshot-resume.json"
+USERNS_BASE = 100000  # host ids of the container's other ids
+USERNS_SIZE = 65536
+
+
+class SnapshotError(RuntimeError):
+    """Taking or restoring a snapshot failed; the message says where and what to do."""
+
+
+def snapshot_dir(bundle: Path) -> Path:
+    return bundle.parent / f"{bundle.name}.snapshot"
+
+
+def _id_map(keep: int) -> list[dict]:
+    """Container ids onto host ids: ``keep`` to itself, the rest of 0..65535 above USERNS_BASE."""
+    return [{"containerID": 0, "hostID": USERNS_BASE, "size": keep},
+            {"containerID": keep, "hostID": keep, "size": 1},
+            {"containerID": keep + 1, "hostID": USERNS_BASE + keep + 1, "size": USERNS_SIZE - keep - 1}]
+
+
+def snapshot_config(bundle: Path, nofile: int | None = None) -> dict:
+    """The config.json a snapshot is taken and restored with (see the module docstring)."""
+    config = json.loads((bundle / "config.json").read_text())
+    config["root"]["path"] = str((bundle / config["root"]["path"]).resolve())
+    process = config["process"]
+    process["args"] = [*process["args"], "--snapshot-point"]
+    if nofile is not None:  # a host whose root cannot raise RLIMIT_NOFILE (tests on this machine)
+        for r in process.get("rlimits", []):
+            if r["type"] == "RLIMIT_NOFILE":
+                r["soft"] = r["hard"] = min(r["hard"], nofile)
+    linux = config["linux"]
+    if not any(ns["type"] == "user" for ns in linux["namespaces"]):
+        linux["namespaces"].append({"type": "user"})
+    linux["uidMappings"] = _id_map(process["user"]["uid"])
+    linux["gidMappings"] = _id_map(process["user"]["gid"])
+    return config
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "absent"
+    return out.splitlines()[0].strip() if out else "absent"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith(("model name", "Model", "CPU part")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def dependencies(bundle: Path, runc: str = "runc", criu: str = "criu") -> dict:
+    """What a snapshot is valid for: a restore is tried only when all of these are equal."""
+    meta = json.loads((bundle / "edge-bundle.json").read_text())
+    package = meta.get("package", {})
+    return {"bundle_sha256": meta.get("bundle_sha256"),
+            "package_sha256": package.get("package_sha256"), "model_sha256": package.get("model_sha256"),
+            "tokenizer_sha256": package.get("tokenizer_sha256"), "kernel": platform.release(),
+            "criu": _version([criu, "--version"]), "runc": _version([runc, "--version"]), "cpu": _cpu_model()}
+
+
+def _socket_dir(config: dict) -> Path:
+    for m in config["mounts"]:
+        if m["destination"] == "/run/edge":
+            return Path(m["source"])
+    raise SnapshotError("the bundle mounts no socket directory at /run/edge: a snapshot needs one (an ipc bundle)")
+
+
+def _prepare_socket_dir(path: Path, uid: int, gid: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, uid, gid)
+    os.chmod(path, 0o750)
+    for name in (MARKER, RESUME):
+        (path / name).unlink(missing_ok=True)
+
+
+def _drain(stream) -> list[bytes]:
+    """Read a container's output on a thread (a full pipe would stop it); the lines, kept."""
+    lines: list[bytes] = []
+    threading.Thread(target=lambda: lines.extend(stream), daemon=True).start()
+    return lines
+
+
+def _runc(runc: str, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([runc, *args], capture_output=True, text=True, timeout=timeout_s)
+
+
+def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None, timeout_s: float = 120.0,
+                  say=lambda *a: None) -> dict:
+    """Checkpoint ``bundle`` at its snapshot point into :func:`snapshot_dir`; its snapshot.json."""
+    bundle = bundle.resolve()
+    out = snapshot_dir(bundle)
+    staging = out.with_name(f".{out.name}.new-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "images").mkdir(parents=True)
+    os.chmod(staging / "images", 0o711)
+    config = snapshot_config(bundle, nofile)
+    (staging / "config.json").write_text(json.dumps(config, indent=1))
+    user = config["process"]["user"]
+    sockets = _socket_dir(config)
+    _prepare_socket_dir(sockets, user["uid"], user["gid"])
+    cid = f"edge-snapshot-{os.getpid()}"
+    t0 = time.monotonic()
+    say(f"starting {bundle.name} to its snapshot point")
+    proc = subprocess.Popen([runc, "run", "-d", "--bundle", str(staging), cid], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = _drain(proc.stdout)
+    try:
+        if proc.wait(timeout_s) != 0:
+            raise SnapshotError(f"runc run failed: {b''.join(output).decode(errors='replace')[-2000:]}")
+        marker = _wait_for_marker(sockets / MARKER, runc, cid, t0 + timeout_s, output)
+        point_s = time.monotonic() - t0
+        say(f"at the snapshot point after {point_s:.2f} s; checkpointing")
+        t1 = time.monotonic()
+        r = _runc(runc, "checkpoint", "--image-path", str(staging / "images"), "--file-locks", cid)
+        if r.returncode != 0:
+            log = (staging / "images" / "dump.log")
+            tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+            raise SnapshotError(f"runc checkpoint failed: {r.stderr.strip()[-500:]}\n{tail}")
+        checkpoint_s = time.monotonic() - t1
+    finally:
+        _runc(runc, "delete", "--force", cid)
+    images = {p.name: p.stat().st_size for p in sorted((staging / "images").iterdir()) if p.is_file()}
+    record = {"format": SNAPSHOT_FORMAT, "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "dependencies": dependencies(bundle, runc), "images": images,
+              "image_bytes": sum(images.values()), "snapshot_point_s": round(point_s, 3),
+              "checkpoint_s": round(checkpoint_s, 3), "runtime": {"pid": marker.get("pid"),
+                                                                 "files": marker.get("files", [])}}
+    (staging / "snapshot.json").write_text(json.dumps(record, indent=1) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(staging, out)
+    say(f"snapshot of {record['image_bytes'] / 2**20:.1f} MiB in {out}")
+    return record
+
+
+def _wait_for_marker(path: Path, runc: str, cid: str, deadline: float, output: list[bytes]) -> dict:
+    while time.monotonic() < deadline:
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                pass  # being written
+        state = _runc(runc, "state", cid)
+        if state.returncode != 0 or '"stopped"' in state.stdout:
+            raise SnapshotError(f"the container ended before its snapshot point: "
+                                f"{b''.join(output).decode(errors='replace')[-2000:]}")
+        time.sleep(0.02)
+    raise SnapshotError(f"no {MARKER} in {path.parent} in time; the runtime's output: "
+                        f"{b''.join(output).decode(errors='replace')[-2000:]}")
+
+
+def check_snapshot(bundle: Path, runc: str = "runc") -> str | None:
+    """Why the snapshot beside ``bundle`` cannot be restored (None: it can)."""
+    snap = snapshot_dir(bundle.resolve())
+    try:
+        record = json.loads((snap / "snapshot.json").read_text())
+    except FileNotFoundError:
+        return f"no snapshot in {snap}"
+    except (OSError, ValueError) as exc:
+        return f"{snap / 'snapshot.json'} is unreadable ({exc})"
+    if record.get("format") != SNAPSHOT_FORMAT:
+        return f"snapshot format {record.get('format')}, this tool reads {SNAPSHOT_FORMAT}"
+    now = dependencies(bundle, runc)
+    changed = [f"{k}: {record['dependencies'].get(k)!r} -> {v!r}" for k, v in now.items()
+               if record.get("dependencies", {}).get(k) != v]
+    if changed:
+        return "taken for another " + "; ".join(changed)
+    for name, size in record.get("images", {}).items():
+        path = snap / "images" / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"image file {name} is missing or not {size} bytes (truncated or partial snapshot)"
+    return None
+
+
+def restore(bundle: Path, cid: str, *, runc: str = "runc", timeout_s: float = 60.0) -> subprocess.Popen:
+    """Start container ``cid`` from the bundle's snapshot and resume it; the ``runc restore -d``
+    process, whose stdout (the container's output) the caller reads. Raises SnapshotError."""
+    bundle = bundle.resolve()
+    snap = snapshot_dir(bundle)
+    config = json.loads((snap / "config.json").read_text())
+    user = config["process"]["user"]
+    sockets = _socket_dir(config)
+    _prepare_socket_dir(sockets, user["uid"], user["gid"])
+    started = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    proc = subprocess.Popen([runc, "restore", "-d", "--image-path", str(snap / "images"), "--bundle", str(snap),
+                             "--file-locks", cid], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    if proc.wait(timeout_s) != 0:
+        log = snap / "images" / "restore.log"
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+        raise SnapshotError(f"runc restore failed: {proc.stdout.read().decode(errors='replace')[-500:]}\n{tail}")
+    tmp = sockets / f".{RESUME}.tmp"
+    tmp.write_text(json.dumps({"restored": True, "restore_started_realtime_ns": started}))
+    os.replace(tmp, sockets / RESUME)
+    r = _runc(runc, "kill", cid, "USR2")
+    if r.returncode != 0:
+        raise SnapshotError(f"runc kill {cid} USR2 failed: {r.stderr.strip()[-500:]}")
+    return proc
+
+
+# ------------------------------------------------------------------ edge-bundle snapshot
+
+
+def add_parser(sub, epilog: str) -> None:
+    s = sub.add_parser("snapshot", epilog=epilog,
+                       help="checkpoint the bundle at its snapshot point into DIR.snapshot (runc, CRIU >= 4.1)")
+    s.add_argument("--bundle", required=True, type=Path, help="the bundle directory (edge-bundle build --out)")
+    s.add_argument("--check", action="store_true",
+                   help="take nothing: say whether the snapshot beside the bundle can be restored (exit 0) or why not (1)")
+    s.add_argument("--runc", default="runc", help="runc binary (default: runc on PATH; it finds criu on PATH)")
+    s.add_argument("--nofile", type=int, default=None, metavar="N",
+                   help="lower the container's open-files limit to N (a host whose root cannot raise it)")
+    s.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS", help="to reach the snapshot point")
+    s.add_argument("--quiet", action="store_true")
+
+
+def command(args) -> int:
+    import sys
+
+    bundle = args.bundle
+    if not (bundle / "config.json").is_file() or not (bundle / "edge-bundle.json").is_file():
+        print(f"edge-bundle snapshot: {bundle} is not a bundle (no config.json and edge-bundle.json); "
+              f"make one with `edge-bundle build --out DIR`", file=sys.stderr)
+        return 2
+    if args.check:
+        why = check_snapshot(bundle, args.runc)
+        print(f"{snapshot_dir(bundle.resolve())}: " + (why or "can be restored"))
+        return 0 if why is None else 1
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"edge-bundle snapshot: {msg}", file=sys.stderr))
+    record = take_snapshot(bundle, runc=args.runc, nofile=args.nofile, timeout_s=args.timeout, say=say)
+    print(json.dumps({k: record[k] for k in ("image_bytes", "snapshot_point_s", "checkpoint_s", "dependencies")},
+                     indent=2))
+    return 0
