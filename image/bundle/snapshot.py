@@ -60,6 +60,9 @@ def snapshot_config(bundle: Path, nofile: int | None = None) -> dict:
     """The config.json a snapshot is taken and restored with (see the module docstring)."""
     config = json.loads((bundle / "config.json").read_text())
     config["root"]["path"] = str((bundle / config["root"]["path"]).resolve())
+    for m in config["mounts"]:  # restored from another directory: the bundle's own paths made absolute
+        if m.get("type") == "bind" and not os.path.isabs(m["source"]):
+            m["source"] = str((bundle / m["source"]).resolve())
     process = config["process"]
     process["args"] = [*process["args"], "--snapshot-point"]
     if nofile is not None:  # a host whose root cannot raise RLIMIT_NOFILE (tests on this machine)
@@ -109,6 +112,17 @@ def _socket_dir(config: dict) -> Path:
     raise SnapshotError("the bundle mounts no socket directory at /run/edge: a snapshot needs one (an ipc bundle)")
 
 
+def _check_searchable(paths: list[Path]) -> None:
+    """CRIU restores inside the user namespace, as an unprivileged host uid: every directory
+    above the rootfs, the socket directory and the images must let others search it."""
+    for path in paths:
+        for d in [path, *path.parents]:
+            if d.exists() and not os.stat(d).st_mode & 0o001:
+                raise SnapshotError(f"{d} is not searchable by others (mode {os.stat(d).st_mode & 0o777:o}), "
+                                    f"so a restore, which runs in the container's user namespace, cannot reach "
+                                    f"{path}: chmod o+x {d}, or keep the bundle and the socket directory elsewhere")
+
+
 def _prepare_socket_dir(path: Path, uid: int, gid: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
     os.chown(path, uid, gid)
@@ -141,6 +155,7 @@ def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None
     (staging / "config.json").write_text(json.dumps(config, indent=1))
     user = config["process"]["user"]
     sockets = _socket_dir(config)
+    _check_searchable([Path(config["root"]["path"]), sockets, staging / "images"])
     _prepare_socket_dir(sockets, user["uid"], user["gid"])
     cid = f"edge-snapshot-{os.getpid()}"
     t0 = time.monotonic()
