@@ -121,6 +121,8 @@ NOT_RUNTIME = {
                          "edge-supervise as --id",
     "EDGE_PROBE_INTERVAL": "the unit's setting, read by systemd: seconds between edge-supervise's health probes "
                            "(default 10, below WatchdogSec), passed as --interval",
+    "EDGE_SNAPSHOT": "the unit's setting, read by systemd: auto (default: restore from a matching snapshot, take "
+                     "one after a fresh READY) or off, passed to edge-supervise as --snapshot",
     "EDGE_ASLR_STILL_ON": "not a variable: the marker image/package.py's ASLR probe prints on stderr",
     "EDGE_ROOT": "not a variable: a constant of tests/test_launch.py (the checkout's root)",
 }

@@ -5,7 +5,8 @@ A snapshot lives beside its bundle, in ``<bundle>.snapshot/``::
 
     config.json       the bundle's, plus ``--snapshot-point`` and a user namespace; root.path
                       points at the bundle's rootfs. ``runc restore --bundle`` reads it.
-    images/           CRIU's image files (0711: the restore runs in the user namespace)
+    images/           CRIU's image files: the runtime's memory, so root's and the user namespace's
+                      root's (group 100000, 0640) only
     snapshot.json     what the snapshot depends on (:func:`dependencies`), its files' sizes
 
 The user namespace: CRIU must read the limits of the container's process, which needs
@@ -113,8 +114,8 @@ def _socket_dir(config: dict) -> Path:
 
 
 def _check_searchable(paths: list[Path]) -> None:
-    """CRIU restores inside the user namespace, as an unprivileged host uid: every directory
-    above the rootfs, the socket directory and the images must let others search it."""
+    """CRIU mounts the rootfs and the socket directory from inside the user namespace, as an
+    unprivileged host uid: every directory above them must let others search it."""
     for path in paths:
         for d in [path, *path.parents]:
             if d.exists() and not os.stat(d).st_mode & 0o001:
@@ -129,6 +130,28 @@ def _prepare_socket_dir(path: Path, uid: int, gid: int) -> None:
     os.chmod(path, 0o750)
     for name in (MARKER, RESUME):
         (path / name).unlink(missing_ok=True)
+
+
+def _restrict(images: Path) -> None:
+    """The images hold the runtime's memory: root's, and readable by the group of the user
+    namespace's root (host gid USERNS_BASE), as which CRIU opens some of them on restore."""
+    os.chown(images, 0, USERNS_BASE)
+    os.chmod(images, 0o750)
+    for p in images.iterdir():
+        os.chown(p, 0, USERNS_BASE)
+        os.chmod(p, 0o640)
+
+
+def _write_resume(sockets: Path, record: dict) -> None:
+    """The resume file, in a directory the runtime's user owns: a new file (O_EXCL, so never
+    through a link planted there), readable by the runtime whatever our umask, renamed in place."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{RESUME}.", dir=sockets)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, sockets / RESUME)
 
 
 def _drain(stream) -> list[bytes]:
@@ -150,12 +173,12 @@ def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None
     staging = out.with_name(f".{out.name}.new-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "images").mkdir(parents=True)
-    os.chmod(staging / "images", 0o711)
+    _restrict(staging / "images")
     config = snapshot_config(bundle, nofile)
     (staging / "config.json").write_text(json.dumps(config, indent=1))
     user = config["process"]["user"]
     sockets = _socket_dir(config)
-    _check_searchable([Path(config["root"]["path"]), sockets, staging / "images"])
+    _check_searchable([Path(config["root"]["path"]), sockets])
     _prepare_socket_dir(sockets, user["uid"], user["gid"])
     cid = f"edge-snapshot-{os.getpid()}"
     t0 = time.monotonic()
@@ -178,6 +201,7 @@ def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None
         checkpoint_s = time.monotonic() - t1
     finally:
         _runc(runc, "delete", "--force", cid)
+    _restrict(staging / "images")
     images = {p.name: p.stat().st_size for p in sorted((staging / "images").iterdir()) if p.is_file()}
     record = {"format": SNAPSHOT_FORMAT, "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "dependencies": dependencies(bundle, runc), "images": images,
@@ -248,9 +272,7 @@ def restore(bundle: Path, cid: str, *, runc: str = "runc", timeout_s: float = 60
         log = snap / "images" / "restore.log"
         tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
         raise SnapshotError(f"runc restore failed: {proc.stdout.read().decode(errors='replace')[-500:]}\n{tail}")
-    tmp = sockets / f".{RESUME}.tmp"
-    tmp.write_text(json.dumps({"restored": True, "restore_started_realtime_ns": started}))
-    os.replace(tmp, sockets / RESUME)
+    _write_resume(sockets, {"restored": True, "restore_started_realtime_ns": started})
     r = _runc(runc, "kill", cid, "USR2")
     if r.returncode != 0:
         raise SnapshotError(f"runc kill {cid} USR2 failed: {r.stderr.strip()[-500:]}")

@@ -159,3 +159,43 @@ def plain_runtime(package: Path, workdir: Path, env: dict[str, str]):
         env={**os.environ, **env, "HOME": str(workdir / "home")}, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     return proc, address
+
+
+def private_bundle(bundle: Path, workdir: Path) -> Path:
+    """A bundle of its own in ``workdir``, sharing ``bundle``'s rootfs and leaving it untouched: a
+    copy of its config.json (the open-files limit lowered as in :func:`runnable_bundle`, paths made
+    absolute, the socket directory moved to ``workdir/run``) and of its metadata (``socket_dir``
+    and ``address`` to match). For tests that write beside a bundle (its ``.snapshot``) or must not
+    share the cached bundle's socket directory with other tests."""
+    config = json.loads((bundle / "config.json").read_text())
+    for r in config["process"]["rlimits"]:
+        if r["type"] == "RLIMIT_NOFILE":
+            r["hard"] = r["soft"] = host_nofile(r["hard"])
+    config["root"]["path"] = str(bundle.resolve() / config["root"]["path"])
+    sockets = workdir / "run"
+    for m in config["mounts"]:
+        if m["destination"] == "/run/edge":
+            m["source"] = str(sockets)
+        elif m["type"] == "bind" and not os.path.isabs(m["source"]):
+            m["source"] = str(bundle.resolve() / m["source"])
+    address = f"ipc://{sockets}/edge.sock"
+    assert len(address) - len("ipc://") < 108, f"{address}: too long for a unix socket"
+    out = workdir / f"bundle-{uuid.uuid4().hex[:8]}"
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(config))
+    meta = bundle_meta(bundle)
+    meta.update(socket_dir=str(sockets), address=address)
+    (out / "edge-bundle.json").write_text(json.dumps(meta))
+    return out
+
+
+def criu_or_skip() -> str:
+    """The criu runc will run (the first on PATH), when it is 4.1 or newer."""
+    criu = shutil.which("criu")
+    if criu is None:
+        pytest.skip("criu is not installed (image/criu/build.sh installs CRIU 4.1.1)")
+    out = subprocess.run([criu, "--version"], capture_output=True, text=True).stdout
+    version = tuple(int(x) for x in out.split("Version:")[-1].strip().split(".")[:2] if x.isdigit())
+    if version < (4, 1):
+        pytest.skip(f"{criu} is {out.strip()!r}; snapshots need CRIU >= 4.1 (image/criu/build.sh)")
+    return criu

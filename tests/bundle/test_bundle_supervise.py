@@ -20,7 +20,8 @@ def test_supervisor_relays_ready_feeds_the_watchdog_and_deletes_the_container(or
     cid = f"edge-sup-{os.getpid()}"
     env = {**os.environ, "WATCHDOG_USEC": "1000000", "RUNTIME_DIRECTORY": str(tmp_path)}
     bundle = runnable_bundle(ort_bundle, tmp_path)  # its open-files limit lowered where this host cannot grant it
-    sup = NotifiedProcess([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--bundle", str(bundle), "--id", cid],
+    sup = NotifiedProcess([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--bundle", str(bundle), "--id", cid,
+                           "--snapshot", "off"],  # no snapshot beside the cached bundle (tests of their own)
                           notify_path=tmp_path / "systemd-notify.sock", log_path=tmp_path / "sup.log", env=env)
     try:
         sup.notify.wait_for(b"WATCHDOG=1", sup.proc, 120, count=2, describe=lambda: sup.output(None))
