@@ -24,7 +24,7 @@ EXIT_CODES = {
     1: "FAIL: the median is over the budget, a run gave no correct reply, or the burn-in failed (the message "
        "says why)",
     2: "usage error, or unusable input: --package/--bundle/--model-dir/--compare that is not what it should be, "
-       "a --json/--chart that cannot be written, --bundle without root",
+       "a --json/--chart that cannot be written, --bundle or --snapshot without root",
     3: "the benchmark itself failed (an error of the tool, or the default package could not be built)",
     130: "interrupted (Ctrl-C): the runs were stopped, no record written",
     143: "terminated (SIGTERM): the runs were stopped, no record written",
@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", choices=("warm", "cold"), default="warm",
                    help="warm: files in the page cache; cold: evicted before every start")
     p.add_argument("--bundle", type=Path, help="measure this OCI bundle via `runc run` (as root) instead of a process")
+    p.add_argument("--snapshot", action="store_true",
+                   help="measure restores of the bundle's snapshot (runc restore, CRIU >= 4.1), alternating with fresh "
+                        "`runc run`s of the same bundle; the snapshot is taken first when missing or stale (as root; "
+                        "without --bundle, a bundle of the package is built once and kept)")
+    p.add_argument("--nofile", type=int, metavar="N",
+                   help="--bundle/--snapshot: run the containers with RLIMIT_NOFILE at most N (default: the bundle's, "
+                        "lowered to this process's hard limit where root cannot raise it)")
     p.add_argument("--package", type=Path, help="model package (default: edge's default package, built on first use)")
     p.add_argument("--budget-ms", type=float, default=R.DEFAULT_BUDGET_MS,
                    help=f"boot budget: median exec to first reply (default {R.DEFAULT_BUDGET_MS:.0f} ms)")
@@ -65,6 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--runs must be >= 1")
     if not args.budget_ms > 0:
         p.error(f"--budget-ms {args.budget_ms:g}: give a number of milliseconds above 0")
+    if args.nofile is not None and args.nofile < 64:
+        p.error(f"--nofile {args.nofile}: give at least 64 (the runtime needs a few dozen descriptors to boot)")
     if not args.timeout_s > 0:
         p.error(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
     return args
@@ -89,6 +98,8 @@ def _writable(path: Path, flag: str) -> None:
 
 def check_paths(args: argparse.Namespace) -> None:
     """The path arguments' mistakes, before the burn-in (which alone takes seconds)."""
+    if args.snapshot and os.geteuid() != 0:
+        raise UsageError("--snapshot runs `runc checkpoint` and `runc restore`, which need root: run as root (sudo)")
     if args.bundle:
         if os.geteuid() != 0:
             raise UsageError("--bundle runs `runc run`, which needs root: run as root (sudo), or measure "

@@ -30,7 +30,8 @@ def write_chart(record: dict, path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed (pip install 'edge[plot]'): no chart written"
-    groups = [(k, [(p["i"], p[k]) for p in record["runs"] if p.get(k)]) for k in ("runtime", "baseline", "import_torch")]
+    groups = [(k, [(p["i"], p[k]) for p in record["runs"] if p.get(k)])
+              for k in ("runtime", "fresh", "baseline", "import_torch")]
     groups = [(k, runs) for k, runs in groups if runs]
     if not groups:
         return "no successful run to chart"
@@ -40,13 +41,19 @@ def write_chart(record: dict, path: Path) -> str | None:
             for n, _, _ in serial + side:
                 if n not in names:
                     names.append(n)
-    cmap = plt.get_cmap("tab20")
-    colour = {n: cmap(i % 20) for i, n in enumerate(names)}
+    # tab20 then tab20b: a restore's stages and a fresh boot's together are more than 20 names
+    palette = [*plt.get_cmap("tab20").colors, *plt.get_cmap("tab20b").colors]
+    colour = {n: palette[i % len(palette)] for i, n in enumerate(names)}
     heights = [max(2.0, 0.45 * len(runs) + 1.2) for _, runs in groups]
+    cfg = record["config"]
+    snap = cfg.get("snapshot")
     fig, axes = plt.subplots(len(groups), 1, figsize=(12, sum(heights) + 1.5), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    cfg = record["config"]
-    titles = {"runtime": f"{cfg['mode']} ({cfg['engine']})", "baseline": "glue baseline (sentence-transformers)",
+    kinds = [k for k, _ in groups]
+    if "runtime" in kinds and "fresh" in kinds:  # --snapshot: restores and fresh starts on one scale
+        axes[kinds.index("fresh"), 0].sharex(axes[kinds.index("runtime"), 0])
+    titles = {"runtime": f"snapshot restore ({cfg['engine']})" if snap else f"{cfg['mode']} ({cfg['engine']})",
+              "fresh": "fresh runc run of the same bundle", "baseline": "glue baseline (sentence-transformers)",
               "import_torch": "bare import torch"}
     for ax, (kind, runs) in zip(axes[:, 0], groups):
         rows = _rows(runs)
@@ -57,14 +64,16 @@ def write_chart(record: dict, path: Path) -> str | None:
                 ax.barh(y + 0.38, b - a, left=a, height=0.16, color=colour[n])
         ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("ms since exec")
+        ax.set_xlabel("ms since restore" if snap and kind == "runtime" else "ms since exec")
         ax.set_title(f"{titles[kind]}, {cfg['cache']} cache", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
     fig.legend(handles, names, loc="lower center", ncol=min(6, len(names)), fontsize=7, frameon=False)
     s = record["summary"]
-    fig.suptitle(f"edge-coldstart: median {s['median_ms']} ms, baseline {s['baseline_median_ms']} ms, "
-                 f"ratio {s['ratio_median']}x, budget {s['budget_ms']:.0f} ms: {'PASS' if s['pass'] else 'FAIL'}",
+    head = (f"restore median {s['restore_median_ms']} ms, fresh {s['fresh_median_ms']} ms "
+            f"({s['ratio_fresh_over_restore']}x)" if snap else f"median {s['median_ms']} ms")
+    base = f", baseline {s['baseline_median_ms']} ms, ratio {s['ratio_median']}x" if s.get("baseline_median_ms") else ""
+    fig.suptitle(f"edge-coldstart: {head}{base}, budget {s['budget_ms']:.0f} ms: {'PASS' if s['pass'] else 'FAIL'}",
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.09, 1, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 compares with the glue people usually deploy.
 
     edge-coldstart [--runs N] [--engine onnxruntime|torchscript] [--cache warm|cold]
-                   [--bundle DIR] [--package DIR] [--budget-ms MS] [--json FILE] [--chart FILE]
+                   [--bundle DIR] [--snapshot] [--package DIR] [--budget-ms MS] [--json FILE] [--chart FILE]
 
 Each of N runs starts the runtime as a fresh process (or the bundle through ``runc run``),
 a client connects at once and sends one embed request; the run's figure is exec to the first
@@ -11,6 +11,8 @@ boot timeline is collected with ``stats``. Run by run it alternates with the glu
 fresh process: import sentence-transformers, load model.safetensors + tokenizer.json, encode
 one text); with ``--engine torchscript`` also a bare ``import torch``. ``--cache cold`` evicts,
 before every process start, the package and every file the processes open or map.
+``--snapshot`` measures restores of the bundle's snapshot instead, each followed by a fresh
+``runc run`` of the same bundle (``snapshot_runs``).
 
 Prints progress, a per-phase table, one verdict line; writes a JSON record and a PNG chart.
 Exit status: 0 when every run replied correctly and the median is within ``--budget-ms``, else 1.
@@ -37,6 +39,7 @@ from bench.coldstart.client import RECONNECT_IVL_MS
 from bench.coldstart.machine import load_average, machine_facts
 from bench.coldstart.runtime_runs import bundle_contract, check_address_free, run_bundle, run_runtime
 from bench.coldstart.script_runs import run_baseline, run_import_probe
+from bench.coldstart import snapshot_runs as SR
 from edge.default_package import PackageBuildError
 from edge.launch import boot_env, compile_bytecode
 from image.bundle.progress import stop_signals
@@ -95,7 +98,7 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.mode = "bundle" if args.bundle else "process"
+        self.mode = "snapshot" if args.snapshot else "bundle" if args.bundle else "process"
         self.workroot = Path(tempfile.mkdtemp(prefix="edge-coldstart-"))
         self.evict_set = C.EvictionSet()
         self.reference = None
@@ -103,16 +106,38 @@ class Bench:
         self.lineage: dict = {}
         self._runtime_files: list[str] = []
         self.cache_info: dict = {"state": args.cache}
-        self.probe = args.engine == "torchscript" and not args.no_import_probe and not args.bundle
+        self.probe = args.engine == "torchscript" and not args.no_import_probe and not (args.bundle or args.snapshot)
+        self.nofile: int | None = None  # the containers' RLIMIT_NOFILE where not the bundle's own
+        self.runc_bundle = args.bundle  # what `runc run` gets: the bundle, or a copy with that limit lowered
+        self.snapshot_info: dict | None = None
 
     # ------------------------------------------------------------ one process of each kind
 
     def _start(self, i: int) -> L.RunResult:
         wd = self.workroot / f"runtime-{i}"
+        if self.args.snapshot:
+            return SR.run_restore(self.args.bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
         if self.args.bundle:
-            return run_bundle(self.args.bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
+            return run_bundle(self.runc_bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
         return run_runtime(self.package, self.args.engine, wd, self.args.text, self.reference,
                            timeout_s=self.args.timeout_s, extra_args=self.args.runtime_arg)
+
+    def _fresh(self, i: int) -> L.RunResult:
+        """--snapshot: a fresh `runc run` of the same bundle, right after the restore."""
+        return run_bundle(self.runc_bundle, self.workroot / f"fresh-{i}", self.args.text, self.reference,
+                          timeout_s=self.args.timeout_s)
+
+    def _containers(self) -> None:
+        """The open-files limit the containers get here; with --snapshot, a snapshot that can be restored."""
+        if not self.args.bundle:
+            return
+        self.nofile, why = SR.container_nofile(self.args.bundle, self.args.nofile)
+        if why:
+            _say(self.args, f"containers: {why}")
+        self.runc_bundle = SR.runnable_bundle(self.args.bundle, self.workroot, self.nofile)
+        if self.args.snapshot:
+            self.snapshot_info = SR.ensure_snapshot(self.args.bundle, self.nofile, timeout_s=self.args.timeout_s,
+                                                    say=lambda msg: _say(self.args, msg))
 
     def _traced_files(self) -> list[str]:
         """Every file a boot to READY opens or maps: the bundle builder's recorder, reused."""
@@ -157,9 +182,13 @@ class Bench:
             n = compile_bytecode()
             self.cache_info["bytecode"] = f"edge's {n} modules byte-compiled before the runs, as a bundle ships them"
             _say(self.args, f"burn-in: byte-compiled the runtime's {n} modules, as a bundle ships them")
+        self._containers()
         _say(self.args, f"burn-in: {self.mode} start (untimed)...")
         rt = self._start(0)
         self.lineage = rt.reply
+        if self.args.snapshot:
+            _say(self.args, "burn-in: fresh bundle start (untimed)...")
+            self._fresh(0)
         probe = self._probe(0, list_files=cold) if self.probe else None
         if cold:
             if not self.args.bundle:
@@ -175,7 +204,13 @@ class Bench:
             s.add_tree("bundle", self.args.bundle)
             for src in _bundle_mount_sources(self.args.bundle):
                 s.add_tree("bundle_mounts", src) if src.is_dir() else s.add("bundle_mounts", [str(src)])
+            root = (self.args.bundle / json.loads((self.args.bundle / "config.json").read_text())["root"]["path"])
+            if not root.resolve().is_relative_to(self.args.bundle.resolve()):
+                s.add_tree("bundle_rootfs", root)  # a bundle (a host copy) whose rootfs lies elsewhere
             s.add("runc", [shutil.which("runc") or ""])
+            if self.snapshot_info:  # the images CRIU reads, and CRIU
+                s.add_tree("snapshot", Path(self.snapshot_info["dir"]))
+                s.add("criu", [shutil.which("criu") or ""])
         else:
             s.add_tree("package", self.package)
             s.add("runtime_traced", runtime_files)
@@ -229,6 +264,12 @@ class Bench:
                 pair["runtime"] = self._start(i).as_dict()
             except L.RunFailed as exc:
                 self.failures.append({"i": i, "kind": self.mode, "error": str(exc)})
+            if self.args.snapshot:
+                self._evict()
+                try:
+                    pair["fresh"] = self._fresh(i).as_dict()
+                except L.RunFailed as exc:
+                    self.failures.append({"i": i, "kind": "fresh", "error": str(exc)})
             if not self.args.no_baseline:
                 self._evict()
                 try:
@@ -255,6 +296,11 @@ class Bench:
             parts.append(f"{self.mode} {rt['total_ms']:.0f} ms" + (f" (ready {ready:.0f})" if ready else ""))
         else:
             parts.append(f"{self.mode} FAILED")
+        if self.args.snapshot:
+            fr = pair.get("fresh")
+            parts.append(f"fresh {fr['total_ms']:.0f} ms" if fr else "fresh FAILED")
+            if fr and rt:
+                parts.append(f"fresh/restore {fr['total_ms'] / rt['total_ms']:.2f}x")
         if pair.get("baseline"):
             parts.append(f"baseline {pair['baseline']['total_ms']:.0f} ms")
         if pair.get("import_torch"):
@@ -269,9 +315,10 @@ class Bench:
         config = {"mode": self.mode, "engine": (self.lineage or {}).get("engine") or a.engine, "cache": a.cache,
                   "runs": a.runs, "budget_ms": a.budget_ms, "bundle": str(a.bundle) if a.bundle else None,
                   "package": str(self.package) if self.package else None, "model_dir": str(self.model_dir),
-                  "text": a.text, "runtime_args": a.runtime_arg, "reconnect_ivl_ms": RECONNECT_IVL_MS}
+                  "text": a.text, "runtime_args": a.runtime_arg, "reconnect_ivl_ms": RECONNECT_IVL_MS,
+                  "snapshot": a.snapshot, "nofile": self.nofile}
         phases = {k: R.phase_table([p[k] for p in pairs if p.get(k)])
-                  for k in ("runtime", "baseline", "import_torch") if any(p.get(k) for p in pairs)}
+                  for k in R.RUN_KINDS if any(p.get(k) for p in pairs)}
         record = {
             "tool": "edge-coldstart", "record_version": 1,
             "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -280,7 +327,11 @@ class Bench:
             "package": {**(_package_facts(self.package) if self.package else {}), "lineage": self.lineage},
             "cache": self.cache_info, "phases": phases, "runs": pairs, "failures": self.failures,
         }
-        record["summary"] = R.summarize(pairs, config["engine"], a.budget_ms, len(self.failures), a.cache)
+        what = "restore to first reply" if a.snapshot else "exec to first reply"
+        record["summary"] = R.summarize(pairs, config["engine"], a.budget_ms, len(self.failures), a.cache, what=what)
+        if a.snapshot:
+            record["snapshot"] = self.snapshot_info
+            record["summary"].update(R.snapshot_summary(pairs, self.snapshot_info))
         if a.compare:
             record["compare"] = R.compare(record, json.loads(a.compare.read_text()))
         return record
@@ -314,9 +365,16 @@ def _main(args: argparse.Namespace) -> int:
     check_paths(args)
     bench = Bench(args)
     try:
+        default = args.snapshot and not args.bundle
+        if default:
+            from bench.coldstart import default_bundle as D
+
+            args.bundle = D.default_bundle(_package_dir(args), args.engine, lambda msg: _say(args, msg), args.quiet)
         if args.bundle:
             meta = bundle_contract(args.bundle)
             check_address_free(meta["address"])
+            if default:
+                D.reset_socket_dir()
             deferred = (meta.get("cdi") or {}).get("deferred_devices") or []
             if deferred:
                 # systemd/edge-supervise adds these at start; plain `runc run` of the bundle does not.

@@ -11,10 +11,13 @@ import math
 import statistics
 from pathlib import Path
 
-__all__ = ["DEFAULT_BUDGET_MS", "GOALS", "stats", "phase_durations", "phase_table", "summarize", "verdict",
-           "format_table", "write_json", "compare"]
+__all__ = ["DEFAULT_BUDGET_MS", "GOALS", "RUN_KINDS", "stats", "phase_durations", "phase_table", "summarize",
+           "snapshot_summary", "verdict", "format_table", "write_json", "compare"]
 
 DEFAULT_BUDGET_MS = 1500.0  # exec to first reply, median of the runs
+# The kinds of run a pair may hold: "runtime" is what the verdict judges (the process, the
+# bundle, or with --snapshot the restore); "fresh" is --snapshot's fresh `runc run` of the bundle.
+RUN_KINDS = ("runtime", "fresh", "baseline", "import_torch")
 # This machine's goals (warm cache, median of 10); informational, the exit code follows the budget.
 GOALS = {"onnxruntime_ms": 500.0, "torchscript_over_import_torch_ms": 400.0, "ratio_min": 8.0,
          "cold_own_stages_max_ratio": 2.0}
@@ -82,16 +85,18 @@ def phase_table(runs: list[dict]) -> dict[str, dict]:
     return {k: stats([d.get(k) for d in per_run]) for k in order}
 
 
-def verdict(median_ms: float | None, budget_ms: float, failed: int = 0) -> tuple[bool, str]:
+def verdict(median_ms: float | None, budget_ms: float, failed: int = 0,
+            what: str = "exec to first reply") -> tuple[bool, str]:
     """(pass, one line): pass when every run replied correctly and the median is within budget."""
     if failed or median_ms is None:
         return False, f"FAIL: {failed} run(s) gave no correct reply; budget {budget_ms:.0f} ms not shown to be met"
     if median_ms <= budget_ms:
-        return True, f"PASS: exec to first reply {median_ms:.0f} ms (median) within the budget of {budget_ms:.0f} ms"
-    return False, f"FAIL: exec to first reply {median_ms:.0f} ms (median) over the budget of {budget_ms:.0f} ms"
+        return True, f"PASS: {what} {median_ms:.0f} ms (median) within the budget of {budget_ms:.0f} ms"
+    return False, f"FAIL: {what} {median_ms:.0f} ms (median) over the budget of {budget_ms:.0f} ms"
 
 
-def summarize(pairs: list[dict], engine: str, budget_ms: float, failures: int, cache: str = "warm") -> dict:
+def summarize(pairs: list[dict], engine: str, budget_ms: float, failures: int, cache: str = "warm",
+              what: str = "exec to first reply") -> dict:
     totals = [p["runtime"]["total_ms"] for p in pairs if p.get("runtime")]
     base = [p["baseline"]["total_ms"] for p in pairs if p.get("baseline")]
     ratios = [p["ratio"] for p in pairs if p.get("ratio") is not None]
@@ -99,7 +104,7 @@ def summarize(pairs: list[dict], engine: str, budget_ms: float, failures: int, c
     ready = [phase_durations(p["runtime"]).get("exec_to_ready") for p in pairs if p.get("runtime")]
     torch_imp = [p["import_torch"]["total_ms"] for p in pairs if p.get("import_torch")]
     st = stats(totals)
-    ok, line = verdict(st["median"], budget_ms, failures)
+    ok, line = verdict(st["median"], budget_ms, failures, what)
     s = {
         "runs": len(pairs), "failed_runs": failures,
         "median_ms": st["median"], "p95_ms": st["p95"], "min_ms": st["min"], "max_ms": st["max"],
@@ -114,6 +119,20 @@ def summarize(pairs: list[dict], engine: str, budget_ms: float, failures: int, c
         s["import_torch_median_ms"] = stats(torch_imp)["median"]
     s["goals"] = _goals(s, engine, cache)
     return s
+
+
+def snapshot_summary(pairs: list[dict], snapshot: dict | None) -> dict:
+    """--snapshot's figures: the restores ("runtime") against the fresh starts of the same bundle."""
+    restore = stats([p["runtime"]["total_ms"] for p in pairs if p.get("runtime")])
+    fresh = stats([p["fresh"]["total_ms"] for p in pairs if p.get("fresh")])
+    per_pair = [p["fresh"]["total_ms"] / p["runtime"]["total_ms"] for p in pairs if p.get("fresh") and p.get("runtime")]
+    ratio = fresh["median"] / restore["median"] if fresh["median"] and restore["median"] else None
+    return {"restore_median_ms": restore["median"], "restore_p95_ms": restore["p95"], "restore_min_ms": restore["min"],
+            "fresh_median_ms": fresh["median"], "fresh_p95_ms": fresh["p95"], "fresh_min_ms": fresh["min"],
+            "ratio_fresh_over_restore": round(ratio, 2) if ratio else None,  # of the medians
+            "ratios_fresh_over_restore": [round(r, 2) for r in per_pair],
+            "snapshot_image_mib": (snapshot or {}).get("image_mib"),
+            "snapshot_taken_s": (snapshot or {}).get("take_s")}  # None: an existing snapshot was used
 
 
 def _goals(s: dict, engine: str, cache: str = "warm") -> dict:
@@ -155,8 +174,11 @@ def _fmt(v) -> str:
 
 def format_table(record: dict) -> str:
     lines = []
-    overlapped = _overlapped([p["runtime"] for p in record["runs"] if p.get("runtime")])
-    for kind, title in (("runtime", f"{record['config']['mode']} ({record['config']['engine']})"),
+    overlapped = _overlapped([p[k] for p in record["runs"] for k in ("runtime", "fresh") if p.get(k)])
+    snap = record["config"].get("snapshot")
+    runtime_title = (f"snapshot restore ({record['config']['engine']})" if snap
+                     else f"{record['config']['mode']} ({record['config']['engine']})")
+    for kind, title in (("runtime", runtime_title), ("fresh", "fresh `runc run` of the same bundle"),
                         ("baseline", "glue baseline (sentence-transformers)"), ("import_torch", "bare `import torch`")):
         table = record["phases"].get(kind)
         if not table:
@@ -165,9 +187,11 @@ def format_table(record: dict) -> str:
         lines.append(f"  {'phase':<28}{'min':>9}{'median':>9}{'p95':>9}")
         for name, st in table.items():
             label = name + (" *" if name in overlapped else "")
-            if name in ("boot_imports", "own_stages", "exec_to_ready", "total") and kind == "runtime":
+            if name in ("boot_imports", "own_stages", "exec_to_ready", "total") and kind in ("runtime", "fresh"):
                 label = {"boot_imports": "boot_imports (edge.boot's)", "own_stages": "(own stages, summed)",
                          "exec_to_ready": "exec -> READY", "total": "TOTAL exec -> first reply"}[name]
+                if snap and kind == "runtime":
+                    label = label.replace("exec ->", "restore ->")
             elif name == "total":
                 label = "TOTAL exec -> result"
             lines.append(f"  {label:<28}{_fmt(st['min']):>9}{_fmt(st['median']):>9}{_fmt(st['p95']):>9}")
@@ -175,6 +199,15 @@ def format_table(record: dict) -> str:
     if overlapped:
         lines.append("  * overlapped with the stages beside it (runs in a thread)")
     s = record["summary"]
+    if snap:
+        sn = record.get("snapshot") or {}
+        how = (f"taken now in {sn['take_s']:.1f} s ({sn.get('reason')})" if sn.get("taken")
+               else f"taken {sn.get('taken_at')}, reused")
+        lines.append(f"snapshot: {sn.get('image_mib')} MiB of images in {sn.get('dir')}, {how}")
+        if s.get("ratio_fresh_over_restore") is not None:
+            lines.append(f"fresh / restore, per pair: {', '.join(f'{r:.2f}' for r in s['ratios_fresh_over_restore'])}; "
+                         f"medians {s['fresh_median_ms']:.0f} / {s['restore_median_ms']:.0f} ms = "
+                         f"{s['ratio_fresh_over_restore']:.2f}x")
     if s.get("ratio_median") is not None:
         lines.append(f"baseline / runtime, per pair: {', '.join(f'{r:.1f}' for r in s['ratios'])}; "
                      f"median {s['ratio_median']:.1f}x")

@@ -6,12 +6,14 @@
 # 2532, fixed upstream in December 2024).
 #
 # What it does (docs/bundle.md, "CRIU"):
-#   1. exits 0 at once if a criu >= 4.1 is already there (/usr/local/sbin/criu, then PATH);
+#   1. exits 0 at once if this build is already there: /usr/local/sbin/criu reports
+#      version 4.1.1 with GitID v4.1.1-edge1 (a plain 4.1.1 lacks the patch and is rebuilt);
 #   2. fetches Debian trixie's criu_4.1.1.orig.tar.xz with `apt-get source --download-only`
 #      through a private apt directory (a deb-src entry for trixie; the host's sources and
 #      lists are not touched) and refuses it unless its sha256 is the one below;
 #   3. installs the build dependencies from the host's own apt sources (bookworm);
-#   4. `make -j$(nproc) criu` in a temporary directory (22-26 s of make, about 30 s in all,
+#   4. applies image/criu/patches/*.patch and runs `make -j$(nproc) criu` in a temporary
+#      directory, with GitID v4.1.1-edge1 (22-26 s of make, about 30 s in all,
 #      on the 2-core build host; allow a few minutes on a slow or loaded machine);
 #   5. installs criu/criu as /usr/local/sbin/criu, which comes before /usr/sbin in root's PATH
 #      and in systemd's default PATH (runc runs `criu` through a PATH lookup), marks the
@@ -26,7 +28,9 @@
 set -euo pipefail
 
 VERSION=4.1.1
-MIN_VERSION=4.1
+GITID=v$VERSION-edge1  # `criu --version` says "GitID: v4.1.1-edge1": this build, its patches applied
+BUILT_VERSION="$VERSION $GITID"
+PATCHES=$(cd "$(dirname "$0")" && pwd)/patches
 TARBALL=criu_${VERSION}.orig.tar.xz
 SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 DEST=/usr/local/sbin/criu
@@ -34,7 +38,7 @@ MIRROR=${CRIU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 BUILD_DEPS=(libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler libnl-3-dev libnet1-dev
             libcap-dev libbsd-dev libnftables-dev pkgconf python3-protobuf uuid-dev libgnutls28-dev
-            build-essential xz-utils)
+            build-essential xz-utils patch)
 # The PATH root's login shells (ENV_SUPATH in /etc/login.defs) and systemd services get by default.
 ROOT_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
@@ -60,24 +64,20 @@ for arg in "$@"; do
     esac
 done
 
-# "4.1.1" from `criu --version` ("Version: 4.1.1"); empty when it does not run.
-criu_version() { "$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1; }
-version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+# "4.1.1 v4.1.1-edge1" from `criu --version` ("Version: 4.1.1", then "GitID: ..." when built
+# with one); empty when it does not run.
+criu_version() { "$1" --version 2>/dev/null | sed -n 's/^Version: *//p; s/^GitID: *//p' | paste -sd' ' -; }
 
 # ------------------------------------------------------------------ 1. already there?
+if [ $force -eq 0 ] && [ -x "$DEST" ] && [ "$(criu_version "$DEST")" = "$BUILT_VERSION" ]; then
+    log "CRIU $BUILT_VERSION is already installed at $DEST; nothing to do"
+    on_path=$(command -v criu 2>/dev/null || true)
+    [ "$on_path" = "$DEST" ] || log "  note: this PATH finds ${on_path:-no criu} first; runc started with it would use that one"
+    exit 0
+fi
 if [ $force -eq 0 ]; then
-    for candidate in "$DEST" "$(command -v criu 2>/dev/null || true)"; do
-        [ -n "$candidate" ] && [ -x "$candidate" ] || continue
-        v=$(criu_version "$candidate")
-        if [ -n "$v" ] && version_ge "$v" "$MIN_VERSION"; then
-            log "CRIU $v is already installed at $candidate (>= $MIN_VERSION); nothing to do"
-            on_path=$(command -v criu 2>/dev/null || true)
-            [ "$on_path" = "$candidate" ] || log "  note: this PATH finds ${on_path:-no criu} first; runc started with it would use that one"
-            exit 0
-        fi
-    done
     found=$(command -v criu 2>/dev/null || true)
-    log "no CRIU >= $MIN_VERSION found (PATH has: ${found:-none}${found:+ $(criu_version "$found")}); building $VERSION"
+    log "no CRIU $BUILT_VERSION at $DEST (PATH has: ${found:-none}${found:+ $(criu_version "$found")}); building it"
 fi
 
 [ "$(id -u)" -eq 0 ] || die "must run as root (apt-get install, $DEST, criu check)"
@@ -154,15 +154,20 @@ tar -xJf "$WORK/$TARBALL" -C "$WORK"
 SRCDIR=$(find "$WORK" -mindepth 1 -maxdepth 1 -type d -name 'criu-*' | head -n1)
 [ -n "$SRCDIR" ] && [ -f "$SRCDIR/Makefile" ] || die "no criu-*/Makefile in $TARBALL"
 
+for patch in "$PATCHES"/*.patch; do
+    step "applying $(basename "$patch")"
+    patch -d "$SRCDIR" -p1 --forward --quiet < "$patch" || die "$(basename "$patch") does not apply to $VERSION"
+done
+
 jobs=$(nproc)
 step "make -j$jobs criu (about 30 s on 2 cores, minutes on a slow machine)"
-if ! make -C "$SRCDIR" -j"$jobs" criu > "$WORK/make.log" 2>&1; then
+if ! make -C "$SRCDIR" -j"$jobs" GITID="$GITID" criu > "$WORK/make.log" 2>&1; then
     tail -n 40 "$WORK/make.log" >&2
     die "make criu failed (last 40 lines above)"
 fi
 [ -x "$SRCDIR/criu/criu" ] || die "make succeeded but $SRCDIR/criu/criu is missing"
 built=$(criu_version "$SRCDIR/criu/criu")
-[ "$built" = "$VERSION" ] || die "the built criu reports version '${built:-?}', expected $VERSION"
+[ "$built" = "$BUILT_VERSION" ] || die "the built criu reports version '${built:-?}', expected $BUILT_VERSION"
 
 # ------------------------------------------------------------------ 5. install and check
 step "installing $DEST"

@@ -1,4 +1,4 @@
-"""CRIU >= 4.1, as ``image/criu/build.sh`` installs it (docs/bundle.md, "CRIU").
+"""CRIU >= 4.1, as ``image/criu/build.sh`` builds it, patched (docs/bundle.md, "CRIU").
 
 Snapshot boot (``runc checkpoint``/``runc restore``) needs CRIU >= 4.1: bookworm's 3.17.1
 dies on this kernel's vDSO. ``.ci/run`` runs the script before pytest, so here CRIU must be
@@ -91,3 +91,25 @@ def test_criu_check_looks_good(path):
     proc = subprocess.run([found, "check"], capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Looks good" in out, f"{found} check (rc {proc.returncode}):\n{out}"
+
+
+@pytest.mark.parametrize("path", list(LOOKUPS.values()), ids=list(LOOKUPS))
+def test_the_criu_runc_finds_is_the_patched_build(path):
+    """image/criu/patches/: 4.1.1 dereferences NULL on a network-lock option in a configuration
+    file read over RPC, which snapshots use (image/bundle/snapshot.py CRIU_CONF)."""
+    from image.bundle.snapshot import CRIU_CONF_OK
+
+    found = _criu(path)
+    out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout
+    assert f"GitID: {CRIU_CONF_OK}" in out, f"{found} --version:\n{out}\n{FIX}"
+
+
+def test_every_patch_applies_to_the_source_it_is_for(tmp_path):
+    """The patches are unified diffs against criu-4.1.1/ (-p1): the files they change exist there
+    with the lines they expect (checked against a copy of the lines, without the tarball)."""
+    patches = sorted((REPO / "image" / "criu" / "patches").glob("*.patch"))
+    assert patches
+    for patch in patches:
+        text = patch.read_text()
+        assert re.search(r"^--- a/\S+\n\+\+\+ b/\S+\n@@ ", text, re.M), f"{patch.name} is not a -p1 unified diff"
+        assert text.startswith("From: ") and "Subject: " in text, f"{patch.name} says nothing of why"
