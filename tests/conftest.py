@@ -13,6 +13,7 @@ fast loop.
 from __future__ import annotations
 
 import fcntl
+import shutil
 import hashlib
 import inspect
 import sys
@@ -249,3 +250,42 @@ def pytest_collection_modifyitems(config, items):
         item.stash[TIER_REASON] = why
         if why != "explicit marker":  # explicit wins; tests/test_tiers.py checks that there is only one
             item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session")
+def ort_bundle(minilm_package):
+    """The onnxruntime bundle of the MiniLM package (read-only for tests), built once and cached
+    by its inputs (tests/bundle/bundle_support.py ``bundle_key``)."""
+    sys.path.insert(0, str(REPO / "tests" / "bundle"))
+    from bundle_support import GID, UID, bundle_key
+
+    from image.build_bundle import build_bundle
+
+    cache = REPO / ".cache" / "bundles"
+    cache.mkdir(parents=True, exist_ok=True)
+    key = bundle_key(minilm_package)
+    out = cache / key / "bundle"
+    lock = open(cache / f"{key}.lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (out / "edge-bundle.json").exists():
+        build_bundle(out, package=minilm_package, engine="onnxruntime", socket_dir=str(cache / key / "run"),
+                     user=(UID, GID), force=True)
+    fcntl.flock(lock, fcntl.LOCK_SH)  # held while this session uses it: _prune of another session skips it
+    _prune_bundles(cache, keep=key)
+    yield out
+    lock.close()
+
+
+def _prune_bundles(cache: Path, keep: str) -> None:
+    """Remove bundles of older inputs (~400 MB each), unless another pytest holds their lock."""
+    for lock_path in cache.glob("*.lock"):
+        key = lock_path.stem
+        if key == keep:
+            continue
+        with open(lock_path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(cache / key, ignore_errors=True)
+            lock_path.unlink(missing_ok=True)

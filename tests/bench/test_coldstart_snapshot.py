@@ -9,7 +9,6 @@ bundle's, read-only. Figures are not asserted (they belong in docs/coldstart.md)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -28,16 +27,7 @@ TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
 
-def _bundle_fixtures():
-    """tests/bundle/conftest.py, for its cached ``ort_bundle`` (a conftest is seen only below it)."""
-    sys.path.insert(0, str(TESTS / "bundle"))  # its bundle_support
-    spec = importlib.util.spec_from_file_location("coldstart_bundle_fixtures", TESTS / "bundle" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ort_bundle = _bundle_fixtures().ort_bundle
+sys.path.insert(0, str(TESTS / "bundle"))  # bundle_support (ort_bundle is tests/conftest.py's)
 
 
 # ------------------------------------------------------------------ summary and limits
