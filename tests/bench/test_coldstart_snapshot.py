@@ -83,24 +83,6 @@ def test_runnable_bundle_lowers_only_the_limit(tmp_path):
 # ------------------------------------------------------------------ one short real run
 
 
-def _private_bundle(bundle: Path, work: Path) -> Path:
-    """``bundle``'s rootfs with a config and an edge-bundle.json of its own (socket in ``work/run``)."""
-    config = json.loads((bundle / "config.json").read_text())
-    config["root"]["path"] = str(bundle.resolve() / config["root"]["path"])
-    for m in config["mounts"]:
-        if m["type"] == "bind" and not os.path.isabs(m["source"]):
-            m["source"] = str(bundle.resolve() / m["source"])
-        if m["destination"] == "/run/edge":
-            m["source"] = str(work / "run")
-    meta = json.loads((bundle / "edge-bundle.json").read_text())
-    meta.update(socket_dir=str(work / "run"), address=f"ipc://{work}/run/edge.sock")
-    out = work / "bundle"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps(config))
-    (out / "edge-bundle.json").write_text(json.dumps(meta))
-    return out
-
-
 def _coldstart(bundle: Path, out: Path, runs: int) -> tuple[subprocess.CompletedProcess, dict]:
     cmd = [sys.executable, "-m", "bench.coldstart.cli", "--snapshot", "--bundle", str(bundle), "--runs", str(runs),
            "--no-baseline", "--budget-ms", "1e9", "--json", str(out)]
@@ -111,22 +93,22 @@ def _coldstart(bundle: Path, out: Path, runs: int) -> tuple[subprocess.Completed
 
 @pytest.fixture(scope="module")
 def snapshot_run(ort_bundle):
-    from bundle_support import runc_or_skip
+    from bundle_support import private_bundle, runc_or_skip
 
     runc_or_skip()
     work = Path(tempfile.mkdtemp(prefix="edge-cs-snap-", dir="/tmp"))
     os.chmod(work, 0o711)
     try:
-        bundle = _private_bundle(ort_bundle, work)
+        bundle = private_bundle(ort_bundle, work)
         first = _coldstart(bundle, work / "record.json", runs=2)
         again = _coldstart(bundle, work / "again.json", runs=1)  # the snapshot is there now: reused
-        yield work, first, again
+        yield work, bundle, first, again
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def test_real_snapshot_run_summary(snapshot_run):
-    _, (proc, rec), _ = snapshot_run
+    _, _, (proc, rec), _ = snapshot_run
     s = rec["summary"]
     for key in ("restore_median_ms", "restore_p95_ms", "fresh_median_ms", "ratio_fresh_over_restore",
                 "snapshot_image_mib", "median_ms", "p95_ms"):
@@ -141,7 +123,7 @@ def test_real_snapshot_run_summary(snapshot_run):
 
 
 def test_real_snapshot_run_restores_and_fresh_starts_alternate(snapshot_run):
-    _, (_, rec), _ = snapshot_run
+    _, _, (_, rec), _ = snapshot_run
     assert [p["i"] for p in rec["runs"]] == [1, 2]
     for pair in rec["runs"]:
         restore, fresh = pair["runtime"], pair["fresh"]
@@ -158,10 +140,10 @@ def test_real_snapshot_run_restores_and_fresh_starts_alternate(snapshot_run):
 
 
 def test_real_snapshot_is_taken_once_then_reused(snapshot_run):
-    work, (_, rec), (_, again) = snapshot_run
+    work, bundle, (_, rec), (_, again) = snapshot_run
     snap = rec["snapshot"]
     assert snap["taken"] is True and snap["take_s"] > 0 and snap["reason"].startswith("no snapshot")
-    assert snap["dir"] == str(work / "bundle.snapshot") and snap["nofile"] is not None
+    assert snap["dir"] == f"{bundle}.snapshot" and snap["nofile"] is not None
     assert again["snapshot"]["taken"] is False and again["snapshot"]["taken_at"] == snap["taken_at"]
     assert again["summary"]["snapshot_taken_s"] is None and again["summary"]["restore_median_ms"] > 0
     try:

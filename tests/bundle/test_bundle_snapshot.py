@@ -20,30 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundle_support import host_nofile, runc_or_skip
+from bundle_support import private_bundle, runc_or_skip
 from edge.ipc.client import EdgeClient
 from image.bundle import snapshot as S
 
 TEXTS = ["the conveyor belt stopped twice during the night shift", "restore me"]
-
-
-def private_bundle(bundle: Path, workdir: Path) -> Path:
-    """A bundle directory in ``workdir`` running ``bundle``'s rootfs: its own socket directory."""
-    config = json.loads((bundle / "config.json").read_text())
-    config["root"]["path"] = str(bundle.resolve() / config["root"]["path"])
-    for m in config["mounts"]:
-        if m["type"] == "bind" and not os.path.isabs(m["source"]):
-            m["source"] = str(bundle.resolve() / m["source"])
-        if m["destination"] == "/run/edge":
-            m["source"] = str(workdir / "run")
-    for r in config["process"]["rlimits"]:
-        if r["type"] == "RLIMIT_NOFILE":
-            r["soft"] = r["hard"] = host_nofile(r["hard"])
-    out = workdir / "bundle"
-    out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps(config))
-    shutil.copyfile(bundle / "edge-bundle.json", out / "edge-bundle.json")
-    return out
 
 
 def _runc(*args: str) -> subprocess.CompletedProcess:
