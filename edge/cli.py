@@ -1,5 +1,6 @@
-"""``edge`` command line: ``serve`` (the runtime), ``embed``/``health``/``stats`` (a client) and
-``keys generate`` (CURVE keys for tcp://, ``edge/keys.py``).
+"""``edge`` command line: ``serve`` (the runtime), ``embed``/``health``/``stats`` (a client),
+``selftest`` (the updater's health gate, ``edge/selftest.py``) and ``keys generate`` (CURVE keys
+for tcp://, ``edge/keys.py``).
 
 No user mistake prints a traceback: every error is one line on stderr naming what is wrong
 and what to change, and the exit status says which kind it was (:data:`EXIT_CODES`).
@@ -15,7 +16,7 @@ __all__ = ["main", "EXIT_CODES"]
 
 EXIT_CODES = {
     0: "success (health: the server is ready)",
-    1: "the server answered with an error (health: alive but not ready)",
+    1: "the server answered with an error (health: alive but not ready; selftest: a check failed)",
     2: "usage error, or no server to talk to (bad address, no socket, no reply within --timeout)",
     3: "the runtime failed to boot, or the default package could not be built",
     130: "interrupted (Ctrl-C)",
@@ -34,13 +35,14 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _client_parser(sub, name: str, help_: str) -> argparse.ArgumentParser:
+def _client_parser(sub, name: str, help_: str, timeout_s: float = 5.0,
+                   timeout_help: str = "wait at most this long for the reply") -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_, description=help_, epilog=_EPILOG)
     p.add_argument("--connect", metavar="ADDR", default=None,
                    help="server address: ipc://PATH, tcp://HOST:PORT, a socket path or HOST:PORT (default: "
                         "$EDGE_ADDRESS, else ipc://$XDG_RUNTIME_DIR/edge/edge.sock, else ipc:///run/edge/edge.sock)")
-    p.add_argument("--timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
-                   help="wait at most this long for the reply (default 5)")
+    p.add_argument("--timeout", type=_positive_seconds, default=timeout_s, metavar="SECONDS",
+                   help=f"{timeout_help} (default {timeout_s:g})")
     p.add_argument("--server-key", metavar="FILE", default=None,
                    help="tcp:// server started with --keys: its public key file, KEYS/server.key (env EDGE_SERVER_KEY)")
     p.add_argument("--client-key", metavar="FILE", default=None,
@@ -67,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--no-truncate", action="store_true", help="refuse texts over the model's max length")
     _client_parser(sub, "health", "exit 0 when the server is ready; prints the reply as JSON")
     _client_parser(sub, "stats", "print the server's counters, histograms, timeline and lineage as JSON")
+    from edge.selftest import add_arguments as add_selftest_arguments
+
+    add_selftest_arguments(_client_parser(
+        sub, "selftest", "health gate for OS updaters: check that the server is ready, serves the package found "
+                         "here, embeds the package's reference text as its build did, and booted within the "
+                         "package's budget; exit 0 when all hold (docs/selftest.md)",
+        timeout_s=30.0, timeout_help="wait at most this long for the server to be ready, and for the whole check"))
     from edge.keys import add_parser as add_keys_parser
 
     add_keys_parser(sub, _EPILOG)
@@ -104,6 +113,19 @@ def _print_embeddings(fmt: str, result) -> None:
     for i, row in enumerate(result.embeddings):
         sys.stdout.write(json.dumps({"index": i, "embedding": row.tolist(), "tokens": meta["token_counts"][i],
                                      "truncated": meta["truncated"][i], "trace_id": meta["trace_id"]}) + "\n")
+
+
+def _selftest(args) -> int:
+    from edge.ipc.curve import KeyFileError, client_curve
+    from edge.ipc.endpoint import AddressError
+    from edge.selftest import run
+
+    try:
+        address = _address(args)
+        curve = client_curve(address, args.server_key, args.client_key)
+    except (AddressError, KeyFileError) as exc:
+        return _fail(args.command, str(exc))
+    return run(args, address, curve)
 
 
 def _client(args) -> int:
@@ -189,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             from edge.keys import run
 
             return run(args)
+        if args.command == "selftest":
+            return _selftest(args)
         return _client(args)
     except KeyboardInterrupt:
         sys.stderr.write("edge: interrupted\n")

@@ -406,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
     from image.bundle import snapshot
 
     snapshot.add_parser(sub, _EPILOG)
+    from image.archive import cli as archive_cli  # the build host's side: keygen, pack, verify-archive
+
+    archive_cli.add_parsers(sub)
+    from edge.install import cli as install_cli  # the device side: install, status, rollback, mark-good
+
+    install_cli.add_parsers(sub)
     args = ap.parse_args(argv)
     progress = Progress(quiet=getattr(args, "quiet", False))
     prog = f"edge-bundle {args.command}"
@@ -413,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.command == "snapshot":
                 return snapshot.command(args)
+            if args.command in archive_cli.COMMANDS:
+                return archive_cli.command(args)
+            if args.command in install_cli.COMMANDS:
+                return install_cli.command(args)
             return _verify(args.bundle) if args.command == "verify" else _build(args, progress)
         except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - one message, not a traceback
             progress.end_line()

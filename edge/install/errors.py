@@ -1,0 +1,49 @@
+"""The installer's errors, each with the exit status of the command that meets it.
+
+    InstallError                  (exit 3) something failed midway; the message says what is left
+    ├── Refused                   (exit 1) the archive is not accepted; the live slot is untouched
+    │                                      and nothing is left behind (`kind` says which check)
+    ├── NotReady                  (exit 2) the device or the command line is not ready for it: no
+    │                                      trusted key, no such file, `current` is not ours,
+    │                                      another installer runs, nothing to roll back to
+    └── RestartFailed             (exit 4) the switch is done and recorded, but `systemctl restart
+                                           edge` failed: the new slot runs from the next start
+
+``recoverable`` says whether running the same command again can succeed without changing the
+archive: a Refused archive stays refused; a device that is NotReady can be made ready; a failure
+midway (an I/O error, a full disk the statvfs did not foresee) may pass on a second run.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InstallError", "Refused", "NotReady", "RestartFailed", "REFUSAL_KINDS"]
+
+# Refused.kind, in the order install checks them: the first four before anything is written.
+REFUSAL_KINDS = ("archive", "signature", "manifest", "compatibility", "space", "member")
+
+
+class InstallError(RuntimeError):
+    exit_code = 3
+    recoverable = True
+
+
+class Refused(InstallError):
+    """The archive fails a check. ``kind``: one of :data:`REFUSAL_KINDS`."""
+
+    exit_code = 1
+    recoverable = False
+
+    def __init__(self, kind: str, message: str) -> None:
+        assert kind in REFUSAL_KINDS, kind
+        super().__init__(message)
+        self.kind = kind
+
+
+class NotReady(InstallError):
+    exit_code = 2
+    recoverable = True
+
+
+class RestartFailed(InstallError):
+    exit_code = 4
+    recoverable = True

@@ -1,0 +1,240 @@
+"""The installer's commands, each a sequence of stages: ``install``, ``rollback``, ``mark_good``.
+
+install (docs/archive.md, "On the device"):
+
+1. ``read_head``: the signature of the manifest against the trusted keys, then the manifest;
+2. ``check_device``: compatibility (arch, L4T, device tree), then free space;
+   -- nothing has been written up to here; a refusal leaves the root byte-identical --
+3. ``recover``: under the lock, remove what a killed run left and bring the state level;
+4. ``unpack``: into the inactive slot's staging directory, each member checked as it streams;
+5. ``replace_slot``: the staging directory renamed into the slot (the old content moved aside
+   first, then removed: ``rename(2)`` cannot replace a non-empty directory);
+6. ``switch``: ``current`` renamed over by a new symlink to the slot;
+7. ``record``: the slot on trial in the state file;
+8. ``restart``: ``systemctl daemon-reload`` (the unit's drop-in follows ``current``) and
+   ``systemctl restart edge``; skipped with ``--no-restart`` or a root other than ``/``.
+
+``crash_at`` names a point after a stage (``edge.install.cli.CRASH_POINTS``) where the installer SIGKILLs
+itself, for the tests of a killed installer: whatever it left, the next run or ``status``
+finds ``current`` pointing at a complete slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from edge.install import archive as fmt
+from edge.install.compat import check_compatible, check_space, device_facts
+from edge.install.errors import NotReady, RestartFailed
+from edge.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
+from edge.install.layout import DeviceLayout
+from edge.install.slots import check_slot, install_target, recover
+from edge.install.state import (TRIAL_TRIES, InstallState, SlotRecord, Trial, TrialStatus, now, save_state)
+from edge.install.unpack import UnpackStats, unpack
+
+__all__ = ["UNIT", "InstallReport", "install", "rollback", "mark_good", "locked"]
+
+UNIT = "edge"
+RESTART_TIMEOUT_S = 150.0  # above the unit's TimeoutStartSec (120 s): systemctl waits for READY
+
+
+class InstallReport:
+    def __init__(self, slot: str, previous: str | None, manifest, stats: UnpackStats, timings: dict[str, float],
+                 restart: str, notes: list[str]) -> None:
+        self.slot = slot
+        self.previous = previous
+        self.manifest = manifest
+        self.stats = stats
+        self.timings = timings  # stage -> seconds
+        self.restart = restart  # what happened to the unit, in words
+        self.notes = notes  # what recover found and fixed
+
+
+def _crash(crash_at: str | None, point: str) -> None:
+    if crash_at == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class locked:
+    """The installer's lock (the state directory), with ``recover`` run under it."""
+
+    def __init__(self, layout: DeviceLayout, create: bool) -> None:
+        self.layout = layout
+        if create:
+            layout.state_dir.mkdir(parents=True, exist_ok=True)
+        elif not layout.state_dir.is_dir() and not os.path.lexists(layout.current):
+            raise NotReady(f"nothing is installed under {layout.root} (no {layout.state_dir}, no {layout.current})")
+        self._lock = DirLock(layout.state_dir)
+
+    def __enter__(self) -> tuple[InstallState, list[str]]:
+        self.layout.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire()
+        except Busy as exc:
+            raise NotReady(str(exc)) from None
+        try:
+            return recover(self.layout)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+# ------------------------------------------------------------------ install
+
+
+def read_head(reader, layout: DeviceLayout):
+    """The signature (against the trusted keys), then the manifest: ``(manifest, its bytes, signature)``."""
+    trusted = fmt.load_trusted_keys(layout.keys_dir)
+    with fmt.refusals():
+        manifest_bytes, signature = reader.head()
+    signer = fmt.verify_signature(manifest_bytes, signature, trusted)
+    with fmt.refusals():
+        manifest = fmt.parse_manifest(manifest_bytes)  # pydantic's message names the field
+        fmt.check_key_id(manifest, signer)
+    return manifest, manifest_bytes, signature
+
+
+def check_device(layout: DeviceLayout, manifest, assume_free: int | None) -> None:
+    check_compatible(manifest, device_facts(layout))
+    check_space(layout, manifest.unpacked_bytes, assume_free)
+
+
+def replace_slot(layout: DeviceLayout, staging: Path, slot: str) -> None:
+    target, old = layout.slot(slot), layout.old(slot)
+    if os.path.lexists(target):
+        os.rename(target, old)  # a kill here leaves no slots/X and a slots/X.old: X is not live, recover removes it
+    os.rename(staging, target)
+    fsync_dir(layout.slots_dir)
+    if os.path.lexists(old):
+        shutil.rmtree(old)
+
+
+def switch(layout: DeviceLayout, slot: str) -> None:
+    layout.bundle_dir.mkdir(parents=True, exist_ok=True)
+    switch_symlink(layout.current, layout.current_target(slot))
+
+
+def record(layout: DeviceLayout, state: InstallState, slot: str, archive: Path, manifest, manifest_bytes: bytes,
+           live: str | None) -> InstallState:
+    st = state.model_copy(deep=True)
+    st.slots[slot] = SlotRecord(bundle_sha256=manifest.bundle_sha256,
+                                manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(), key_id=manifest.key_id,
+                                edge_version=manifest.edge_version, engine=manifest.engine,
+                                package=manifest.package.name, archive=archive.name, installed=now(),
+                                unpacked_bytes=manifest.unpacked_bytes)
+    st.previous = live
+    st.live = slot
+    st.trial = Trial(status=TrialStatus.ON_TRIAL, slot=slot, tries=TRIAL_TRIES, tries_left=TRIAL_TRIES, since=now())
+    st.add("install", slot, f"from {archive.name}; previous: {f'slot {live}' if live else 'none'}")
+    save_state(layout, st)
+    return st
+
+
+def restart_unit(layout: DeviceLayout, wanted: bool) -> str:
+    if not wanted:
+        return "restart skipped (--no-restart)"
+    if not layout.is_system_root:
+        return f"restart skipped (--root {layout.root} is not this system's root)"
+    for cmd in (["systemctl", "daemon-reload"], ["systemctl", "restart", UNIT]):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=RESTART_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RestartFailed(f"`{' '.join(cmd)}` did not run ({exc})") from None
+        if r.returncode != 0:
+            raise RestartFailed(f"`{' '.join(cmd)}` failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+    return f"restarted {UNIT}.service"
+
+
+def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_at: str | None = None,
+            assume_free: int | None = None) -> InstallReport:
+    timings: dict[str, float] = {}
+    t = time.monotonic()
+    with fmt.open_archive(archive) as reader:
+        manifest, manifest_bytes, signature = read_head(reader, layout)
+        check_device(layout, manifest, assume_free)
+        timings["verify"] = time.monotonic() - t
+        _crash(crash_at, "after-verify")
+        with locked(layout, create=True) as (state, notes):
+            live, why = layout.live_slot()
+            if why:
+                raise NotReady(f"{why}; move it aside (the first install makes the link)")
+            slot = install_target(layout, state, live)
+            staging = layout.staging(slot)
+            layout.slots_dir.mkdir(parents=True, exist_ok=True)
+            t = time.monotonic()
+            try:
+                stats = unpack(reader, manifest, manifest_bytes, signature, staging,
+                               midway=lambda: _crash(crash_at, "mid-unpack"))
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            timings["unpack"] = time.monotonic() - t
+            _crash(crash_at, "after-unpack")
+            t = time.monotonic()
+            replace_slot(layout, staging, slot)
+            _crash(crash_at, "after-rename")
+            switch(layout, slot)
+            _crash(crash_at, "after-switch")
+            record(layout, state, slot, archive, manifest, manifest_bytes, live)
+            timings["switch"] = time.monotonic() - t
+            _crash(crash_at, "after-state")
+    t = time.monotonic()
+    restarted = restart_unit(layout, restart)
+    timings["restart"] = time.monotonic() - t
+    return InstallReport(slot, live, manifest, stats, timings, restarted, notes)
+
+
+# ------------------------------------------------------------------ rollback, mark-good
+
+
+def rollback(layout: DeviceLayout, *, reason: str = "manual", restart: bool = True) -> tuple[str, str, str]:
+    """Switch ``current`` back to the previous slot; ``(from slot, to slot, what the unit did)``."""
+    with locked(layout, create=False) as (state, _notes):
+        live, why = layout.live_slot()
+        if why:
+            raise NotReady(why)
+        target = state.previous
+        if live is None or target is None:
+            other = state.trial.reason if state.trial and state.trial.status == TrialStatus.ROLLED_BACK else None
+            raise NotReady("nothing to roll back to: " + (
+                "nothing is installed" if live is None else
+                f"slot {live} was rolled back to already ({other}); install a bundle" if other else
+                f"slot {live} is the only bundle installed"))
+        problems = check_slot(layout, target)
+        if problems:
+            raise NotReady(f"slot {target} is not complete, so current stays on slot {live}: {problems[0]}")
+        switch_symlink(layout.current, layout.current_target(target))
+        st = state.model_copy(deep=True)
+        st.live, st.previous = target, None  # the slot left holds the bundle rolled back from
+        st.trial = Trial(status=TrialStatus.ROLLED_BACK, slot=target, tries=0, tries_left=0, since=now(),
+                         reason=reason)
+        st.add("rollback", target, f"from slot {live}: {reason}")
+        save_state(layout, st)
+    return live, target, restart_unit(layout, restart)
+
+
+def mark_good(layout: DeviceLayout) -> tuple[str, str]:
+    """Commit the live slot: ends a trial, or acknowledges a rollback. ``(slot, what changed)``."""
+    with locked(layout, create=False) as (state, _notes):
+        live, why = layout.live_slot()
+        if why or live is None:
+            raise NotReady(why or "nothing is installed: no current")
+        trial = state.trial
+        if trial is not None and trial.status == TrialStatus.COMMITTED and trial.slot == live:
+            return live, "already committed"
+        was = "a rollback acknowledged" if trial and trial.status == TrialStatus.ROLLED_BACK else "trial committed"
+        st = state.model_copy(deep=True)
+        st.trial = Trial(status=TrialStatus.COMMITTED, slot=live, tries=trial.tries if trial else 0,
+                         tries_left=trial.tries_left if trial else 0, since=now())
+        st.add("commit", live, f"mark-good: {was}")
+        save_state(layout, st)
+    return live, was
