@@ -25,14 +25,22 @@ EXIT_CODES = {
 _EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
-    return value
+def positive_number(unit: str):
+    """An argparse type: a finite number above 0 of ``unit`` (seconds, ms)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number of {unit} above 0")
+        return value
+
+    return parse
+
+
+_positive_seconds = positive_number("seconds")
 
 
 def _client_parser(sub, name: str, help_: str, timeout_s: float = 5.0,

@@ -99,21 +99,11 @@ def add_arguments(p) -> None:
     p.add_argument("--allow-missing-reference", action="store_true",
                    help="pass the reference check when the package has no stored reference (packages built "
                         "before it); without it such a package fails")
-    p.add_argument("--budget-ms", type=_positive_ms, default=None, metavar="MS",
+    from edge.cli import positive_number
+
+    p.add_argument("--budget-ms", type=positive_number("ms"), default=None, metavar="MS",
                    help="boot budget, exec to ready in ms (default: the package's selftest.boot_budget_ms, "
                         "else 1500)")
-
-
-def _positive_ms(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ms") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of ms above 0")
-    return value
 
 
 def find_package(given: str | None, env: dict | None = None) -> tuple[str | None, str]:
