@@ -116,7 +116,8 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         from edge.default_package import default_package_dir
 
         package_dir = default_package_dir()
-    pkg = stages.run(manifest_mod.open_package, package_dir, "size",
+    # Only this engine's files: a bundle's package holds no other's (image/bundle/package_copy.py).
+    pkg = stages.run(manifest_mod.open_package, package_dir, "size", args.engine,
                      setting="--package DIR (on a build host, `edge serve` without it builds the default package)")
     stages.run(select_engine, pkg, args.engine, setting="--engine (one the package was built for)")
     manifest = pkg.manifest

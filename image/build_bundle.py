@@ -9,8 +9,8 @@ Steps (docs/bundle.md has the details):
 1. check the target architecture against the environment's interpreter (ELF header);
 2. boot the runtime to READY from that environment under a tracer (``image/bundle/trace.py``),
    exercise it as a client, stop it; the files it imported, opened and mapped are the list;
-3. copy those files to ``rootfs/`` at their host paths, the model package to
-   ``/opt/edge/package``, write ``/etc/passwd``, byte-code and a loader cache;
+3. copy those files to ``rootfs/`` at their host paths, the model package's manifest, tokenizer and the engine's
+   files to ``/opt/edge/package`` (``image/bundle/package_copy.py``), write ``/etc/passwd``, byte-code, a loader cache;
 4. write ``config.json`` (read-only root, tmpfs /tmp, the socket directory bind-mounted,
    non-root, no capabilities, seccomp, memory/pids/open-files limits derived from the sizes)
    and merge the CDI spec's GPU edits into it;
@@ -34,11 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from edge.errors import PackageError
 from edge.launch import boot_argv, boot_pythonpath_of
 from image.bundle import cdi, oci_config, seccomp
 from image.cli_checks import abs_dir, positive_int, tcp_address, user_ids, writable_dir_problem
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
+from image.bundle.package_copy import copy_package, package_files
 from image.bundle.progress import Progress, human_bytes, stop_signals
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
 from image.bundle.limits import UNIT_DROPIN, resource_limits, unit_dropin
@@ -122,6 +124,10 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         raise BundleError(f"{out} exists; pass --force to replace it")
     if not (package / "manifest.json").exists():
         raise BundleError(f"{package} is not a model package (no manifest.json); build one with edge-package build")
+    try:  # before the minute of tracing
+        carried, left_out = package_files(package, engine)
+    except PackageError as exc:
+        raise BundleError(f"--package {package} cannot make a bundle of {engine}: {exc}") from None
     edits = cdi.select_edits(cdi.load_spec(cdi_spec), cdi_devices) if cdi_spec else None
     device = "auto" if edits else "cpu"
     jemalloc = _jemalloc(python)
@@ -152,8 +158,8 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         rootfs = Rootfs(staging / "rootfs")
         runtime_bytes = rootfs.copy_files(files, progress)
         progress.done(f"copied {len(rootfs.copied)} runtime files, {human_bytes(runtime_bytes)}")
-        package_bytes = rootfs.copy_package(package, progress)
-        progress.done(f"copied model package, {human_bytes(package_bytes)}")
+        package_bytes = copy_package(rootfs, package, carried, progress)
+        progress.done(f"copied model package ({', '.join(carried)}), {human_bytes(package_bytes)}")
         for d in oci_config.MOUNTPOINTS:
             rootfs.mkdir(d)
         # runc gives a tmpfs the mode of the directory it covers, whatever mode= says.
@@ -198,7 +204,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             "container_address": config["process"]["args"][-1],
             "health_probe": [trace.executable, "-m", "edge.cli", "health", "--connect", config["process"]["args"][-1]],
             "package": {"path": PACKAGE_PATH, "source": str(package), "bytes": package_bytes,
-                        **_package_identity(package)},
+                        "files": carried, "left_out": left_out, **_package_identity(package)},
             "sizes": {
                 "rootfs_bytes": bundle_bytes, "rootfs_files": bundle_files,
                 "runtime_bytes": runtime_bytes, "runtime_files": len(rootfs.copied),

@@ -86,6 +86,8 @@ COMMANDS = [
     Command("edge-package", "image.package_cli", "architecture.md"),
     Command("edge-tokenizer", "image.tokenizer.cli", "commands.md#edge-tokenizer-compile-prune-encode"),
     Command("edge-bundle", "image.build_bundle", "bundle.md"),
+    Command("edge-trial", "edge.install.trial", "update.md",
+            note="Run by systemd (edge.service, edge-trial.service, edge-trial-failed.service), not by hand."),
     Command("edge-coldstart", "bench.coldstart.cli", "coldstart.md",
             note="`python -m bench.coldstart.cli` is the same command."),
     Command("python -m bench.engines", "bench.engines", "benchmarks.md#engines-benchenginespy"),
@@ -123,6 +125,14 @@ NOT_RUNTIME = {
                            "(default 10, below WatchdogSec), passed as --interval",
     "EDGE_SNAPSHOT": "the unit's setting, read by systemd: auto (default: restore from a matching snapshot, take "
                      "one after a fresh READY) or off, passed to edge-supervise as --snapshot",
+    "EDGE_TRIAL_SUSTAIN": "the trial unit's setting (systemd/edge-trial.service, /etc/default/edge), read by "
+                          "systemd: seconds the self-test must pass before an update commits, passed to "
+                          "`edge-trial watch` as --sustain",
+    "EDGE_TRIAL_INTERVAL": "the trial unit's setting, read by systemd: seconds between the trial's self-test runs, "
+                           "passed to `edge-trial watch` as --interval",
+    "EDGE_UNIT": "tests only: the renamed unit a scenario in tests/install/trial_machine.py's machine drives",
+    "EDGE_TEST_VARIANT": "tests only: a variable tests/install/trial_machine.py puts in a bundle's config.json so "
+                         "that two variants of one bundle have two digests",
     "EDGE_ASLR_STILL_ON": "not a variable: the marker image/package.py's ASLR probe prints on stderr",
     "EDGE_ROOT": "not a variable: a constant of tests/test_launch.py (the checkout's root)",
 }

@@ -96,7 +96,7 @@ def load_engine(
     """
     from edge.preload.manifest import ModelPackage, open_package
 
-    pkg = package if isinstance(package, ModelPackage) else open_package(package, verify="size")
+    pkg = package if isinstance(package, ModelPackage) else open_package(package, verify="size", engine=name)
     if name == "onnxruntime":
         from edge.engines.ort import OrtEngine as cls
     elif name == "torchscript":

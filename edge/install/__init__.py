@@ -14,6 +14,8 @@ Modules, one per stage or owner of state:
     slots.py      the slots on disk; recover() after a killed run
     state.py      install.json: the pydantic model of slots, trial, history
     status.py     the status report, as text or JSON
+    trial.py      edge-trial: the update's trial under systemd (pre-start, watch, on-failure)
+    cache.py      /var/cache/edge/<bundle_sha256>/: removing the caches of bundles no slot holds
     layout.py     the paths under a root
     fsio.py       fsync, atomic write, atomic symlink switch, the lock
     errors.py     Refused / NotReady / RestartFailed, with exit statuses

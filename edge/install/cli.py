@@ -43,6 +43,11 @@ def _root(p) -> None:
                    help="the device's root directory (a test root, or a rootfs being prepared for flashing)")
 
 
+def _unit(p) -> None:
+    p.add_argument("--unit", default="edge", metavar="NAME",
+                   help="the runtime's systemd unit, without .service (default: edge)")
+
+
 def add_parsers(sub) -> None:
     i = sub.add_parser("install", epilog=EPILOG,
                        help="verify a signed .edgebundle, unpack it into the inactive slot, switch current to it")
@@ -50,6 +55,7 @@ def add_parsers(sub) -> None:
     _root(i)
     i.add_argument("--no-restart", action="store_true",
                    help="do not restart edge.service (also skipped when --root is not /)")
+    _unit(i)
     i.add_argument("--crash-at", choices=CRASH_POINTS, default=None, metavar="STEP",
                    help=f"tests only: SIGKILL the installer after STEP ({', '.join(CRASH_POINTS)})")
     i.add_argument("--assume-free", type=_bytes, default=None, metavar="BYTES",
@@ -63,6 +69,7 @@ def add_parsers(sub) -> None:
     _root(r)
     r.add_argument("--no-restart", action="store_true",
                    help="do not restart edge.service (also skipped when --root is not /)")
+    _unit(r)
     m = sub.add_parser("mark-good", epilog=EPILOG,
                        help="commit the live slot: end its trial (or acknowledge a rollback)")
     _root(m)
@@ -104,7 +111,7 @@ def _install(args, layout) -> int:
     from edge.install.installer import install
 
     report = install(args.archive, layout, restart=not args.no_restart, crash_at=args.crash_at,
-                     assume_free=args.assume_free)
+                     assume_free=args.assume_free, unit=args.unit)
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     m, st, t = report.manifest, report.stats, report.timings
@@ -129,7 +136,7 @@ def _status(args, layout) -> int:
 def _rollback(args, layout) -> int:
     from edge.install.installer import rollback
 
-    left, now_live, restarted = rollback(layout, restart=not args.no_restart)
+    left, now_live, restarted = rollback(layout, restart=not args.no_restart, unit=args.unit)
     _say(f"rolled back: current -> slot {now_live} (was slot {left}); reason: manual")
     _say(restarted)
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 __all__ = ["fsync_dir", "atomic_write", "switch_symlink", "DirLock", "Busy"]
@@ -71,16 +72,24 @@ class DirLock:
         self.directory = directory
         self._fd: int | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, wait_s: float = 0.0) -> None:
+        """Take the lock, waiting up to ``wait_s`` for another holder to finish (a ``status``
+        holds it for milliseconds; an install for seconds)."""
         fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise Busy(f"another edge-bundle install, rollback or mark-good is running "
-                           f"(it holds the lock on {self.directory}); try again when it is done") from None
-            raise
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise Busy(f"another edge-bundle install, rollback or mark-good is running "
+                               f"(it holds the lock on {self.directory}); try again when it is done") from None
+                time.sleep(0.05)
         self._fd = fd
 
     def release(self) -> None:

@@ -8,7 +8,8 @@ install (docs/archive.md, "On the device"):
 3. ``recover``: under the lock, remove what a killed run left and bring the state level;
 4. ``unpack``: into the inactive slot's staging directory, each member checked as it streams;
 5. ``replace_slot``: the staging directory renamed into the slot (the old content moved aside
-   first, then removed: ``rename(2)`` cannot replace a non-empty directory);
+   first, then removed: ``rename(2)`` cannot replace a non-empty directory); then the caches
+   (snapshots) of bundles no slot holds any more are removed (cache.py);
 6. ``switch``: ``current`` renamed over by a new symlink to the slot;
 7. ``record``: the slot on trial in the state file;
 8. ``restart``: ``systemctl daemon-reload`` (the unit's drop-in follows ``current``) and
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 from edge.install import archive as fmt
+from edge.install.cache import prune_caches
 from edge.install.compat import check_compatible, check_space, device_facts
 from edge.install.errors import NotReady, RestartFailed
 from edge.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
@@ -38,10 +40,13 @@ from edge.install.slots import check_slot, install_target, recover
 from edge.install.state import (TRIAL_TRIES, InstallState, SlotRecord, Trial, TrialStatus, now, save_state)
 from edge.install.unpack import UnpackStats, unpack
 
-__all__ = ["UNIT", "InstallReport", "install", "rollback", "mark_good", "locked"]
+__all__ = ["UNIT", "InstallReport", "install", "rollback", "switch_back", "on_trial", "mark_good", "locked",
+           "restart_unit"]
 
 UNIT = "edge"
 RESTART_TIMEOUT_S = 150.0  # above the unit's TimeoutStartSec (120 s): systemctl waits for READY
+LOCK_WAIT_S = 5.0  # a command waits this long for the lock: a `status` holds it for milliseconds
+HOOK_LOCK_WAIT_S = 60.0  # the trial's hooks (edge-trial) wait longer: they act for no one who could retry
 
 
 class InstallReport:
@@ -64,8 +69,9 @@ def _crash(crash_at: str | None, point: str) -> None:
 class locked:
     """The installer's lock (the state directory), with ``recover`` run under it."""
 
-    def __init__(self, layout: DeviceLayout, create: bool) -> None:
+    def __init__(self, layout: DeviceLayout, create: bool, wait_s: float = LOCK_WAIT_S) -> None:
         self.layout = layout
+        self.wait_s = wait_s
         if create:
             layout.state_dir.mkdir(parents=True, exist_ok=True)
         elif not layout.state_dir.is_dir() and not os.path.lexists(layout.current):
@@ -75,7 +81,7 @@ class locked:
     def __enter__(self) -> tuple[InstallState, list[str]]:
         self.layout.state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._lock.acquire()
+            self._lock.acquire(self.wait_s)
         except Busy as exc:
             raise NotReady(str(exc)) from None
         try:
@@ -139,23 +145,31 @@ def record(layout: DeviceLayout, state: InstallState, slot: str, archive: Path, 
     return st
 
 
-def restart_unit(layout: DeviceLayout, wanted: bool) -> str:
+def restart_unit(layout: DeviceLayout, wanted: bool, *, block: bool = True, reset_failed: bool = False,
+                 unit: str = UNIT) -> str:
+    """``systemctl restart edge``. ``block=False`` only queues it: the trial's watcher is stopped
+    with the unit it restarts (BindsTo=), so it must not wait for it. ``reset_failed`` first
+    clears a unit that failed (its start limit hit), which systemd would not start again."""
     if not wanted:
         return "restart skipped (--no-restart)"
     if not layout.is_system_root:
         return f"restart skipped (--root {layout.root} is not this system's root)"
-    for cmd in (["systemctl", "daemon-reload"], ["systemctl", "restart", UNIT]):
+    cmds = [["systemctl", "daemon-reload"]]
+    if reset_failed:
+        cmds.append(["systemctl", "reset-failed", f"{unit}.service"])
+    cmds.append(["systemctl", "restart", *([] if block else ["--no-block"]), f"{unit}.service"])
+    for cmd in cmds:
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=RESTART_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise RestartFailed(f"`{' '.join(cmd)}` did not run ({exc})") from None
-        if r.returncode != 0:
+        if r.returncode != 0 and cmd[1] != "reset-failed":  # reset-failed fails on a unit that has not failed
             raise RestartFailed(f"`{' '.join(cmd)}` failed ({r.returncode}): {r.stderr.strip()[-400:]}")
-    return f"restarted {UNIT}.service"
+    return f"restarted {unit}.service" if block else f"restart of {unit}.service queued"
 
 
 def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_at: str | None = None,
-            assume_free: int | None = None) -> InstallReport:
+            assume_free: int | None = None, unit: str = UNIT) -> InstallReport:
     timings: dict[str, float] = {}
     t = time.monotonic()
     with fmt.open_archive(archive) as reader:
@@ -182,13 +196,16 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
             t = time.monotonic()
             replace_slot(layout, staging, slot)
             _crash(crash_at, "after-rename")
+            notes += [f"removed {p}: the cache of a bundle no slot holds" for p in prune_caches(layout)]
             switch(layout, slot)
             _crash(crash_at, "after-switch")
             record(layout, state, slot, archive, manifest, manifest_bytes, live)
             timings["switch"] = time.monotonic() - t
             _crash(crash_at, "after-state")
     t = time.monotonic()
-    restarted = restart_unit(layout, restart)
+    # reset-failed: the update's starts get the unit's whole start limit (StartLimitBurst=), not
+    # what earlier restarts left of it; the trial's tries (3) end a crash loop before it is spent.
+    restarted = restart_unit(layout, restart, unit=unit, reset_failed=True)
     timings["restart"] = time.monotonic() - t
     return InstallReport(slot, live, manifest, stats, timings, restarted, notes)
 
@@ -196,45 +213,68 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
 # ------------------------------------------------------------------ rollback, mark-good
 
 
-def rollback(layout: DeviceLayout, *, reason: str = "manual", restart: bool = True) -> tuple[str, str, str]:
-    """Switch ``current`` back to the previous slot; ``(from slot, to slot, what the unit did)``."""
-    with locked(layout, create=False) as (state, _notes):
+def switch_back(layout: DeviceLayout, state: InstallState, live: str, reason: str) -> InstallState:
+    """With the lock held: ``current`` back to ``state.previous``, the trial rolled back with
+    ``reason``; the new state, saved. NotReady when there is no complete slot to go back to."""
+    target = state.previous
+    if target is None:
+        other = state.trial.reason if state.trial and state.trial.status == TrialStatus.ROLLED_BACK else None
+        raise NotReady("nothing to roll back to: " + (
+            f"slot {live} was rolled back to already ({other}); install a bundle" if other else
+            f"slot {live} is the only bundle installed"))
+    problems = check_slot(layout, target)
+    if problems:
+        raise NotReady(f"slot {target} is not complete, so current stays on slot {live}: {problems[0]}")
+    switch_symlink(layout.current, layout.current_target(target))
+    st = state.model_copy(deep=True)
+    st.live, st.previous = target, None  # the slot left holds the bundle rolled back from
+    st.trial = Trial(status=TrialStatus.ROLLED_BACK, slot=target, tries=0, tries_left=0, since=now(), reason=reason)
+    st.add("rollback", target, f"from slot {live}: {reason}")
+    save_state(layout, st)
+    return st
+
+
+def rollback(layout: DeviceLayout, *, reason: str = "manual", restart: bool = True, block: bool = True,
+             reset_failed: bool = False, only_on_trial: bool = False, unit: str = UNIT,
+             wait_s: float = LOCK_WAIT_S) -> tuple[str, str, str]:
+    """Switch ``current`` back to the previous slot; ``(from slot, to slot, what the unit did)``.
+    ``only_on_trial``: the automatic rollbacks (docs/update.md) undo an update on trial, never a
+    committed one (NotReady then)."""
+    with locked(layout, create=False, wait_s=wait_s) as (state, _notes):
         live, why = layout.live_slot()
         if why:
             raise NotReady(why)
-        target = state.previous
-        if live is None or target is None:
-            other = state.trial.reason if state.trial and state.trial.status == TrialStatus.ROLLED_BACK else None
-            raise NotReady("nothing to roll back to: " + (
-                "nothing is installed" if live is None else
-                f"slot {live} was rolled back to already ({other}); install a bundle" if other else
-                f"slot {live} is the only bundle installed"))
-        problems = check_slot(layout, target)
-        if problems:
-            raise NotReady(f"slot {target} is not complete, so current stays on slot {live}: {problems[0]}")
-        switch_symlink(layout.current, layout.current_target(target))
-        st = state.model_copy(deep=True)
-        st.live, st.previous = target, None  # the slot left holds the bundle rolled back from
-        st.trial = Trial(status=TrialStatus.ROLLED_BACK, slot=target, tries=0, tries_left=0, since=now(),
-                         reason=reason)
-        st.add("rollback", target, f"from slot {live}: {reason}")
-        save_state(layout, st)
-    return live, target, restart_unit(layout, restart)
+        if live is None:
+            raise NotReady("nothing to roll back to: nothing is installed")
+        if only_on_trial and not on_trial(state, live):
+            raise NotReady(f"slot {live} is not on trial ({state.trial.status.value if state.trial else 'no trial'}): "
+                           f"an automatic rollback undoes updates on trial only")
+        st = switch_back(layout, state, live, reason)
+    return live, st.live, restart_unit(layout, restart, block=block, reset_failed=reset_failed, unit=unit)
 
 
-def mark_good(layout: DeviceLayout) -> tuple[str, str]:
-    """Commit the live slot: ends a trial, or acknowledges a rollback. ``(slot, what changed)``."""
-    with locked(layout, create=False) as (state, _notes):
+def on_trial(state: InstallState, live: str | None) -> bool:
+    t = state.trial
+    return t is not None and t.status == TrialStatus.ON_TRIAL and t.slot == live
+
+
+def mark_good(layout: DeviceLayout, *, trial_of: str | None = None, wait_s: float = LOCK_WAIT_S) -> tuple[str, str]:
+    """Commit the live slot: ends a trial, or acknowledges a rollback. ``(slot, what changed)``.
+    ``trial_of``: commit only while slot ``trial_of`` is live and on trial (the trial's watcher:
+    a rollback or another install may have come in between); NotReady otherwise."""
+    with locked(layout, create=False, wait_s=wait_s) as (state, _notes):
         live, why = layout.live_slot()
         if why or live is None:
             raise NotReady(why or "nothing is installed: no current")
         trial = state.trial
+        if trial_of is not None and (live != trial_of or not on_trial(state, live)):
+            raise NotReady(f"slot {trial_of} is no longer the live slot on trial; nothing was committed")
         if trial is not None and trial.status == TrialStatus.COMMITTED and trial.slot == live:
             return live, "already committed"
         was = "a rollback acknowledged" if trial and trial.status == TrialStatus.ROLLED_BACK else "trial committed"
         st = state.model_copy(deep=True)
         st.trial = Trial(status=TrialStatus.COMMITTED, slot=live, tries=trial.tries if trial else 0,
                          tries_left=trial.tries_left if trial else 0, since=now())
-        st.add("commit", live, f"mark-good: {was}")
+        st.add("commit", live, f"{'trial: self-test passed for the sustain window' if trial_of else 'mark-good'}: {was}")
         save_state(layout, st)
     return live, was

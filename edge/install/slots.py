@@ -21,6 +21,7 @@ from edge.install.state import (TRIAL_TRIES, InstallState, SlotRecord, StateErro
                                 now, save_state)
 
 __all__ = ["slot_manifest", "record_from_slot", "check_slot", "clean_leftovers", "reconcile", "recover",
+           "undo_unfinished_switch",
            "install_target"]
 
 
@@ -145,6 +146,31 @@ def reconcile(layout: DeviceLayout, state: InstallState | None) -> tuple[Install
     return st, [n for _, n in notes]
 
 
+def undo_unfinished_switch(layout: DeviceLayout, state: InstallState | None) -> tuple[InstallState | None, list[str]]:
+    """An install killed (SIGKILL, power cut) between switching ``current`` and recording the
+    install left ``current`` on a slot the state does not call live. The install did not finish,
+    so it is undone: ``current`` goes back to the recorded live slot, when that slot is still
+    complete and holds what the state says, and the trial says why. Otherwise (a first install,
+    the old slot gone) :func:`reconcile` puts the new slot on trial instead."""
+    live, why = layout.live_slot()
+    if state is None or why or live is None or state.live is None or live == state.live:
+        return state, []
+    was = state.live
+    rec, disk = state.slots.get(was), record_from_slot(layout, was)
+    if rec is None or disk is None or disk.manifest_sha256 != rec.manifest_sha256 or check_slot(layout, was):
+        return state, []
+    from edge.install.fsio import switch_symlink
+
+    switch_symlink(layout.current, layout.current_target(was))
+    reason = (f"the installer stopped after switching to slot {live} and before recording the install "
+              f"(killed, or a power cut): the install did not finish, so slot {was} is live again")
+    st = state.model_copy(deep=True)
+    st.trial = Trial(status=TrialStatus.ROLLED_BACK, slot=was, tries=0, tries_left=0, since=now(), reason=reason)
+    st.add("rollback", was, reason)
+    save_state(layout, st)
+    return st, [reason]
+
+
 def recover(layout: DeviceLayout) -> tuple[InstallState, list[str]]:
     """With the lock held: remove leftovers, read the state (a corrupt one is kept aside and
     rebuilt from the slots), reconcile it with the disk and save it when it changed."""
@@ -156,6 +182,8 @@ def recover(layout: DeviceLayout) -> tuple[InstallState, list[str]]:
         os.rename(layout.state_file, aside)
         notes.append(f"{exc}; kept as {aside.name}, rebuilt from the slots")
         state = None
+    state, undone = undo_unfinished_switch(layout, state)
+    notes += undone
     fixed, changes = reconcile(layout, state)
     notes += changes
     if state is None and fixed.live is None and not fixed.slots:

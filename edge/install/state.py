@@ -6,10 +6,11 @@ It is a record, not the truth: ``current`` says which slot is live and each slot
 changed, so a killed installer can leave it one step behind; :func:`edge.install.slots.recover`
 brings it level on the next run.
 
-The trial (:class:`Trial`) is the data of the update's health gate. Today ``install`` starts it
-(on trial, :data:`TRIAL_TRIES` tries) and ``mark-good`` / ``rollback`` end it by hand; the gate
-that takes a try at each start that does not become ready, and rolls back when none is left,
-is a later step and uses these same fields.
+The trial (:class:`Trial`) is the data of the update's health gate (edge/install/trial.py,
+docs/update.md): ``install`` starts it (on trial, :data:`TRIAL_TRIES` tries); each start of the
+unit while on trial takes a try, and the start that finds none left rolls back; the trial's
+watcher commits it once ``edge selftest`` passes for the sustain window, or rolls back when a
+check fails; ``mark-good`` / ``rollback`` end it by hand.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ __all__ = ["STATE_FORMAT", "TRIAL_TRIES", "HISTORY_LIMIT", "SlotName", "TrialSta
            "HistoryEntry", "InstallState", "StateError", "load_state", "save_state", "now"]
 
 STATE_FORMAT = 1
-TRIAL_TRIES = 3  # starts an update gets to become ready before the gate (a later step) rolls it back
+TRIAL_TRIES = 3  # starts an update gets to pass its trial; the start after the last one rolls it back
 HISTORY_LIMIT = 50  # entries kept; the journal has the rest, and the file stays a few KiB
 
 SlotName = Literal["a", "b"]
@@ -39,7 +40,7 @@ def now() -> datetime:
 
 class TrialStatus(str, enum.Enum):
     ON_TRIAL = "on_trial"  # the live slot was just installed and has not proven itself; tries count down
-    COMMITTED = "committed"  # the live slot is good: mark-good (later: the health gate) committed it
+    COMMITTED = "committed"  # the live slot is good: the trial's watcher or mark-good committed it
     ROLLED_BACK = "rolled_back"  # the live slot is the one before an update that failed or was undone; see reason
 
 
@@ -65,14 +66,14 @@ class Trial(_Model):
     status: TrialStatus
     slot: SlotName  # the slot the status is about: the live one
     tries: int = Field(ge=0)  # granted when the trial started
-    tries_left: int = Field(ge=0)  # the gate takes one at each start that does not become ready
+    tries_left: int = Field(ge=0)  # each start of the unit on trial takes one
     since: datetime  # when the status was set
-    reason: str | None = None  # rolled_back: why ("manual", later the gate's "not ready after N starts")
+    reason: str | None = None  # rolled_back: why ("manual", a failed self-test, tries used up, ...)
 
 
 class HistoryEntry(_Model):
     at: datetime
-    event: Literal["install", "commit", "rollback", "recover"]
+    event: Literal["install", "commit", "rollback", "recover", "try"]
     slot: SlotName | None = None
     bundle_sha256: str | None = None
     detail: str = ""

@@ -18,7 +18,7 @@ from edge.install.state import InstallState, StateError, TrialStatus, load_state
 __all__ = ["HEALTH", "status", "render_text", "render_json"]
 
 HEALTH = {  # word -> exit status of `edge-bundle status`
-    "committed": 0,  # the live slot is committed (mark-good; later the health gate)
+    "committed": 0,  # the live slot is committed (the trial's watcher, or mark-good)
     "on_trial": 1,  # the live slot was just installed and is not committed yet
     "rolled_back": 2,  # an update was rolled back: the live slot is the one before it
     "broken": 2,  # nothing installed, current missing or not ours, the live slot incomplete, state unreadable

@@ -3,7 +3,8 @@
 The manifest is validated once, at boot, by explicit checks (``edge/preload/schema.py``;
 pydantic would add 150-300 ms of import to every boot on this hardware). A package whose manifest, file
 sizes or hashes do not match is refused with :class:`edge.errors.PackageError`, whose
-``file`` names the offending file.
+``file`` names the offending file. A bundle's copy of a package holds the manifest unchanged
+but only the files of the bundle's engine; ``open_package(..., engine=E)`` checks just those.
 
 Identity: ``model_sha256`` (over the model files), ``tokenizer_sha256`` (``tokenizer.fb``)
 and ``package_sha256`` (the manifest itself minus that field) go into every reply.
@@ -23,8 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from edge.errors import ErrorCode, PackageError
-from edge.preload.schema import (FrozenRecord, Invalid, Record, dict_of, integer, list_of, number, one_of, sha256_hex,
-                                 string)
+from edge.preload.schema import FrozenRecord, Invalid, Record, dict_of, integer, list_of, one_of, sha256_hex, string
+from edge.preload.selftest_reference import SelftestReference
 from edge.settings import ServingSettings
 
 __all__ = [
@@ -108,6 +109,11 @@ def _bad_file_name(name: str) -> str | None:
     return None
 
 
+def _spec_files(spec: dict) -> list[str]:
+    """An engine's files: the CPU's (``files``), then the GPU's (``gpu_files``)."""
+    return [*spec.get("files", ()), *spec.get("gpu_files", ())]
+
+
 def _engine_spec(v: object, where: str) -> dict:
     """An engine's entry: ``files`` (required) and ``gpu_files`` list file names (checked against ``files`` later)."""
     spec = dict_of(v, where)
@@ -118,49 +124,6 @@ def _engine_spec(v: object, where: str) -> dict:
             for i, name in enumerate(list_of(spec[key], f"{where}.{key}")):
                 string(name, f"{where}.{key}.{i}")
     return spec
-
-
-class SelftestReference(Record):
-    """The manifest's ``selftest``: what a healthy server must answer for this package.
-
-    ``embedding`` is ``text`` embedded on the build host by the package's own engine path
-    (image/package.py); ``edge selftest`` embeds ``text`` through the running server and wants
-    a cosine of at least ``min_cosine`` with it, and the boot's exec-to-ready time within
-    ``boot_budget_ms``.
-    """
-
-    __slots__ = (
-        "text",  # str: the reference text, not empty
-        "embedding",  # list[float]: (output_dim,), the text's embedding as the package computes it
-        "min_cosine",  # float in (0, 1]: least cosine of a served embedding with ``embedding``
-        "boot_budget_ms",  # float > 0: exec to ready (ms) a boot of this package must stay within
-        "computed_with",  # dict: how ``embedding`` was computed (engine, file, device); informative
-        "extra",  # dict: fields newer writers add
-    )
-    _defaults = {"computed_with": dict, "extra": dict}
-
-    @classmethod
-    def model_validate(cls, d: object, where: str = "selftest") -> "SelftestReference":
-        d = dict(dict_of(d, where))
-        for name in ("text", "embedding", "min_cosine", "boot_budget_ms"):
-            if name not in d:
-                raise Invalid(f"{where}.{name}", "field required")
-        text = string(d.pop("text"), f"{where}.text")
-        if not text.strip():
-            raise Invalid(f"{where}.text", "must not be empty or whitespace only")
-        values = list_of(d.pop("embedding"), f"{where}.embedding")
-        vector = [number(x, f"{where}.embedding.{i}") for i, x in enumerate(values)]
-        if not any(vector) or any(x != x or x in (float("inf"), float("-inf")) for x in vector):
-            raise Invalid(f"{where}.embedding", "must be finite and not all zero")
-        min_cosine = number(d.pop("min_cosine"), f"{where}.min_cosine")
-        if not 0 < min_cosine <= 1:
-            raise Invalid(f"{where}.min_cosine", f"must be in (0, 1], got {min_cosine}")
-        budget = number(d.pop("boot_budget_ms"), f"{where}.boot_budget_ms")
-        if not 0 < budget < float("inf"):
-            raise Invalid(f"{where}.boot_budget_ms", f"must be a number of ms above 0, got {budget}")
-        computed_with = dict_of(d.pop("computed_with", {}), f"{where}.computed_with")
-        return cls(text=text, embedding=vector, min_cosine=min_cosine, boot_budget_ms=budget,
-                   computed_with=computed_with, extra=d)
 
 
 def _check_across(m: "Manifest") -> "Manifest":
@@ -250,6 +213,16 @@ class Manifest(Record):
         """File name of the compiled tokenizer."""
         return TOKENIZER_FILE
 
+    def files_of(self, engine: str | None) -> list[str]:
+        """The files a boot of ``engine`` needs, in manifest order: every file (``None``), else all
+        but those only other engines read (a bundle carries just these: image/bundle/package_copy.py).
+        An engine the manifest does not name keeps only the shared ones (the tokenizer): the boot's
+        ``select_engine`` refuses it next, naming the engine (``ModelPackage.engine_files``)."""
+        if engine is None:
+            return list(self.files)
+        own = set(_spec_files(self.engines.get(engine, {})))
+        others = {n for e, spec in self.engines.items() if e != engine for n in _spec_files(spec)}
+        return [n for n in self.files if n in own or n not in others]
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -312,9 +285,11 @@ class ModelPackage:
                                ErrorCode.PACKAGE_FILE_MISSING, file=name)
         return self.root / name
 
-    def verify_files(self, names: Iterable[str] | None = None, *, full: bool = True) -> None:
-        """Check existence and size of ``names`` (default: all), and their sha256 when ``full``."""
-        for name in self.manifest.files if names is None else names:
+    def verify_files(self, names: Iterable[str] | None = None, *, full: bool = True,
+                     engine: str | None = None) -> None:
+        """Check existence and size of ``names`` (default: the files ``engine`` needs, every file
+        when None: :meth:`Manifest.files_of`), and their sha256 when ``full``."""
+        for name in self.manifest.files_of(engine) if names is None else names:
             entry = self.manifest.files.get(name)
             if entry is None:
                 raise PackageError(f"{name}: not listed in the manifest", ErrorCode.PACKAGE_FILE_MISSING, file=name)
@@ -377,17 +352,19 @@ def _load_manifest(root: Path) -> Manifest:
         raise PackageError(f"{MANIFEST_NAME}: tokenizer_sha256 does not match {TOKENIZER_FILE}'s hash",
                            ErrorCode.PACKAGE_HASH_MISMATCH, file=MANIFEST_NAME)
     for engine, spec in manifest.engines.items():
-        for name in [*spec.get("files", []), *spec.get("gpu_files", [])]:
+        for name in _spec_files(spec):
             if name not in manifest.files:
                 raise PackageError(f"{MANIFEST_NAME}: engine {engine} needs {name}, which the manifest does not list",
                                    ErrorCode.PACKAGE_INVALID, file=MANIFEST_NAME)
     return manifest
 
 
-def open_package(path: str | os.PathLike, verify: str = "full") -> ModelPackage:
+def open_package(path: str | os.PathLike, verify: str = "full", engine: str | None = None) -> ModelPackage:
     """Open the package at ``path``; check every file's size (``"size"``) and sha256 (``"full"``).
 
-    ``"none"`` still validates the manifest itself (schema and its own hash).
+    ``"none"`` still validates the manifest itself (schema and its own hash). ``engine``: check
+    only the files that engine needs (:meth:`Manifest.files_of`), so that a bundle's package,
+    which holds no other engine's files, opens; ``None``: every file the manifest lists.
     """
     if verify not in ("full", "size", "none"):
         raise ValueError(f"verify must be 'full', 'size' or 'none', not {verify!r}")
@@ -397,5 +374,5 @@ def open_package(path: str | os.PathLike, verify: str = "full") -> ModelPackage:
                            file=str(root), setting="package path")
     pkg = ModelPackage(root, _load_manifest(root))
     if verify != "none":
-        pkg.verify_files(full=verify == "full")
+        pkg.verify_files(full=verify == "full", engine=engine)
     return pkg

@@ -8,8 +8,8 @@ For each bundle and codec (single-threaded, as a Jetson would pack and unpack): 
 size, the time to write it, the time to decompress it (the installer's reader, nothing else),
 and ``verify_archive``'s time next to ``sha256sum`` of the same uncompressed tar stream (read
 from the page cache) and hashlib's sha256 of it. ``split_engines`` also packs each bundle
-without the other engine's package files, to size what leaving them out would save (such an
-archive does not install a bundle that boots today: docs/archive.md, "Engines"). Minimum and
+without the other engine's package files: what a bundle built before bundles carried one
+engine's files (docs/archive.md, "Engines") would save; a bundle built now has none to leave out. Minimum and
 median of ``runs`` for the reads; one run of each write (xz takes minutes).
 """
 

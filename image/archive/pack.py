@@ -14,10 +14,16 @@ Steps:
    through the compressor (compression.py), re-hashing each file as it is copied (a file
    changed since step 2 is refused); fsync, then rename it to ``FILE``.
 
-``--engine``: the bundle runs one engine (its rootfs holds only that engine's libraries), but
-its model package holds every engine's files. Leaving the other engine's files out is not done
-here: the runtime's package check (``open_package(verify="size")`` at boot) wants every file
-the package manifest lists, and the bundle digest covers them (docs/archive.md, "Engines").
+``--engine``: the bundle runs one engine, and since ``edge-bundle build`` copies only that
+engine's share of the model package (``image/bundle/package_copy.py``), it carries only that
+engine's files: its libraries in the rootfs, and in ``/opt/edge/package`` the manifest
+(unchanged), the tokenizer and the engine's ``files`` and ``gpu_files``. The runtime checks no
+more at boot (``open_package(..., engine=E)``), and the bundle's digest covers what is there.
+``--engine`` checks that the bundle runs that engine; leaving files out is the builder's job, not
+the packer's (an archive describes the bundle, it does not change it). Before step 2 the packer
+refuses a bundle whose package still holds a file only another engine reads (a bundle built
+before the builder left them out): :func:`check_package_files`, one manifest read and one
+directory listing (docs/archive.md, "Engines").
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from edge.archive.manifest import (BUNDLE_DIR, MANIFEST_MEMBER, SIGNATURE_MEMBER
 from image.bundle.progress import Progress, human_bytes
 
 __all__ = ["PackResult", "scan_bundle", "pack_bundle", "make_manifest", "write_archive", "bundle_metadata",
-           "check_request", "package_identity"]
+           "check_request", "check_package_files", "package_identity"]
 
 METADATA_NAME = "edge-bundle.json"  # image.build_bundle.METADATA_NAME (not imported: it pulls in the builder)
 _CHUNK = 1 << 20
@@ -93,6 +99,32 @@ def check_request(bundle: Path, out: Path, *, engine: str | None = None, arch: s
     if out.exists() and not force:
         raise PackError(f"--out {out} exists; pass --force to replace it")
     return meta
+
+
+def check_package_files(bundle: Path, meta: dict) -> None:
+    """PackError when the bundle's model package holds files only another engine reads than the
+    one the bundle runs (``Manifest.files_of``): built before ``edge-bundle build`` left them out,
+    they would ship (~40 MB of the compressed archive) for nothing. A rootfs without a package
+    manifest is not judged here."""
+    from edge.errors import PackageError
+    from edge.preload.manifest import MANIFEST_NAME, open_package
+
+    pkg_dir = Path(bundle) / "rootfs" / str(meta["package"].get("path") or "/opt/edge/package").lstrip("/")
+    if not (pkg_dir / MANIFEST_NAME).is_file():
+        return
+    try:
+        manifest = open_package(pkg_dir, verify="none").manifest  # the manifest and its own digest
+    except PackageError as exc:
+        raise PackError(f"{bundle}: its model package cannot be read ({exc}); rebuild the bundle") from None
+    engine, source = meta["engine"], meta["package"].get("source")
+    others = set(manifest.files) - set(manifest.files_of(engine))
+    extra = sorted(p.name for p in pkg_dir.iterdir() if p.name in others)
+    if extra:
+        again = f" --package {source}" if source else ""
+        raise PackError(f"{bundle}: its model package holds {', '.join(extra)}, which {engine} (the engine the "
+                        f"bundle runs) never reads: the bundle was built before edge-bundle build left other "
+                        f"engines' files out; rebuild it: `edge-bundle build --out {bundle} --engine {engine}"
+                        f"{again} --force`")
 
 
 def package_identity(meta: dict) -> PackageIdentity:
@@ -230,6 +262,7 @@ def pack_bundle(bundle: Path, key_path: Path, out: Path, *, engine: str | None =
     progress = progress or Progress(quiet=True)
     bundle, out = Path(bundle).resolve(), Path(out)
     meta = check_request(bundle, out, engine=engine, arch=arch, force=force)
+    check_package_files(bundle, meta)
     private = keys.load_private(key_path)
     kid = keys.key_id(private.public_key())
     try:

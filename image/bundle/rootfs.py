@@ -244,20 +244,6 @@ class Rootfs:
                 progress.count(step, i, len(paths), nbytes)
         return nbytes
 
-    def copy_package(self, src: Path, progress=None) -> int:
-        """The model package's files, flat, at :data:`PACKAGE_PATH` (read-only: 0444)."""
-        files = sorted(p for p in Path(src).iterdir() if p.is_file())
-        self.mkdir(PACKAGE_PATH)
-        nbytes = 0
-        for i, p in enumerate(files, 1):
-            dest = self.inside(PACKAGE_PATH) / p.name
-            shutil.copyfile(p, dest)
-            os.chmod(dest, 0o444)
-            nbytes += p.stat().st_size
-            if progress:
-                progress.count("copying model package", i, len(files), nbytes)
-        return nbytes
-
     def write_etc(self, uid: int, gid: int, extra_gids: list[int]) -> None:
         """Minimal passwd/group: the runtime's user resolves to a name, nothing else exists."""
         self.mkdir("/etc")

@@ -1,7 +1,10 @@
 """Snapshots of a bundle at its snapshot point: take one with ``runc checkpoint``, check that it
 still fits the bundle, restore it with ``runc restore`` (docs/snapshot.md).
 
-A snapshot lives beside its bundle, in ``<bundle>.snapshot/``::
+A snapshot lives in :func:`snapshot_dir`: for a slot's bundle installed by ``edge-bundle install``
+(``ROOT/opt/edge/slots/<a|b>/bundle``), outside the slot, in ``ROOT/var/cache/edge/<bundle_sha256>/snapshot/``
+(edge/install/layout.py), so that filling the slot again with the same bundle finds it, and a slot
+holds only what its manifest lists; for any other bundle, beside it, in ``<bundle>.snapshot/``::
 
     config.json       the bundle's, plus ``--snapshot-point`` and a user namespace; root.path
                       points at the bundle's rootfs. ``runc restore --bundle`` reads it.
@@ -55,7 +58,46 @@ class SnapshotError(RuntimeError):
 
 
 def snapshot_dir(bundle: Path) -> Path:
-    return bundle.parent / f"{bundle.name}.snapshot"
+    """Where the snapshot of ``bundle`` lives (systemd/edge-supervise ``snapshot_dir`` is the same rule):
+    ``ROOT/var/cache/edge/<bundle_sha256>/snapshot`` when the bundle's real directory is an installed
+    slot's (``ROOT/opt/edge/slots/<a|b>/bundle`` beside the slot's edge-archive.json; the digest from
+    its edge-bundle.json), else ``<realpath(bundle)>.snapshot``."""
+    real = os.path.realpath(bundle)
+    slot = os.path.dirname(real)
+    parts = slot.split(os.sep)
+    if (os.path.basename(real) == "bundle" and parts[-1] in ("a", "b") and parts[-4:-1] == ["opt", "edge", "slots"]
+            and os.path.isfile(os.path.join(slot, "edge-archive.json"))):
+        sha = _bundle_sha256(real)
+        if sha is not None:
+            return Path(os.sep.join(parts[:-4]) or os.sep, "var", "cache", "edge", sha, "snapshot")
+    return Path(real + ".snapshot")
+
+
+def _bundle_sha256(bundle: str) -> str | None:
+    """The bundle's digest from its edge-bundle.json when it is one (64 lowercase hex digits: it
+    names a directory), else None."""
+    try:
+        with open(os.path.join(bundle, "edge-bundle.json")) as f:
+            sha = json.load(f).get("bundle_sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return sha if isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) else None
+
+
+def _make_parents(snap: Path) -> None:
+    """The missing directories above ``snap`` (``var/cache/edge/<sha>/``), made 0755 whatever the umask,
+    like the rest of ``/var/cache``: root's, and searchable by all, as a restore's paths must be."""
+    missing = []
+    d = os.path.dirname(snap)
+    while not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o755)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o755)
 
 
 def _id_map(keep: int) -> list[dict]:
@@ -105,10 +147,12 @@ def _cpu_model() -> str:
 
 
 def dependencies(bundle: Path, runc: str = "runc", criu: str = "criu") -> dict:
-    """What a snapshot is valid for: a restore is tried only when all of these are equal."""
+    """What a snapshot is valid for: a restore is tried only when all of these are equal. The bundle's
+    real path too: the snapshot's config.json names its rootfs and binds by it, so a snapshot cached
+    by digest (:func:`snapshot_dir`) and taken in one slot is stale for the same bundle in the other."""
     meta = json.loads((bundle / "edge-bundle.json").read_text())
     package = meta.get("package", {})
-    return {"bundle_sha256": meta.get("bundle_sha256"),
+    return {"bundle_sha256": meta.get("bundle_sha256"), "bundle_path": os.path.realpath(bundle),
             "package_sha256": package.get("package_sha256"), "model_sha256": package.get("model_sha256"),
             "tokenizer_sha256": package.get("tokenizer_sha256"), "kernel": platform.release(),
             "criu": _version([criu, "--version"]), "runc": _version([runc, "--version"]), "cpu": _cpu_model()}
@@ -189,6 +233,7 @@ def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None
     bundle = bundle.resolve()
     out = snapshot_dir(bundle)
     staging = out.with_name(f".{out.name}.new-{os.getpid()}")
+    _make_parents(out)
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "images").mkdir(parents=True)
     _restrict(staging / "images")
@@ -260,7 +305,7 @@ def _wait_for_marker(path: Path, runc: str, cid: str, deadline: float, output: l
 
 
 def check_snapshot(bundle: Path, runc: str = "runc") -> str | None:
-    """Why the snapshot beside ``bundle`` cannot be restored (None: it can)."""
+    """Why the snapshot of ``bundle`` (:func:`snapshot_dir`) cannot be restored (None: it can)."""
     snap = snapshot_dir(bundle.resolve())
     try:
         record = json.loads((snap / "snapshot.json").read_text())

@@ -117,6 +117,11 @@ def test_check_refuses_a_snapshot_of_another_bundle_and_a_truncated_image(snappe
     copy = tmp_path / "bundle"  # check_snapshot reads files only: pytest's basetemp will do
     shutil.copytree(bundle, copy)
     shutil.copytree(S.snapshot_dir(bundle), S.snapshot_dir(copy))
+    why = S.check_snapshot(copy)  # its config.json names the bundle's paths, not the copy's
+    assert why == f"taken for another bundle_path: {str(bundle.resolve())!r} -> {str(copy.resolve())!r}", why
+    record = json.loads((S.snapshot_dir(copy) / "snapshot.json").read_text())
+    record["dependencies"]["bundle_path"] = str(copy.resolve())  # as if taken there
+    (S.snapshot_dir(copy) / "snapshot.json").write_text(json.dumps(record))
     meta = json.loads((copy / "edge-bundle.json").read_text())
     meta["bundle_sha256"] = "0" * 64  # the bundle was rebuilt since
     (copy / "edge-bundle.json").write_text(json.dumps(meta))

@@ -170,7 +170,7 @@ def test_the_supervisor_builds_the_config_and_dependencies_edge_bundle_snapshot_
     sup = _supervisor_module()
     config = json.loads((ort_bundle / "config.json").read_text())
     assert sup.snapshot_config(str(ort_bundle), config) == image_snapshot.snapshot_config(ort_bundle)
-    assert sup.dependencies(bundle_meta(ort_bundle), "runc") == image_snapshot.dependencies(ort_bundle)
+    assert sup.dependencies(str(ort_bundle), bundle_meta(ort_bundle), "runc") == image_snapshot.dependencies(ort_bundle)
     assert sup.snapshot_dir(str(ort_bundle)) == str(image_snapshot.snapshot_dir(ort_bundle.resolve()))
     assert (sup.SNAPSHOT_FORMAT, sup.MARKER, sup.RESUME) == (image_snapshot.SNAPSHOT_FORMAT, image_snapshot.MARKER,
                                                             image_snapshot.RESUME)

@@ -1,6 +1,7 @@
 """A killed installer: `install --crash-at STEP` SIGKILLs itself after STEP; whatever it left,
-`current` points at a complete slot, the next `status` cleans up and brings the state level,
-and the install run again succeeds."""
+`current` points at a complete slot, the next `status` cleans up and brings the state level
+(an install killed between its switch and its record is undone: the previous slot is live
+again, rolled back), and the install run again succeeds."""
 
 from __future__ import annotations
 
@@ -20,15 +21,15 @@ from edge.install.layout import DeviceLayout
 from edge.install.slots import check_slot
 from edge.install.state import load_state
 
-# After each step: the live slot (install 3 goes to slot a; b is live), whether a staging
-# directory is left, and whether the state still says b.
+# After each step: the live slot (install 3 goes to slot a; b is live) right after the kill,
+# the live slot once the next run has recovered, and whether a staging directory is left.
 EXPECTED = {
-    "after-verify": ("b", False),
-    "mid-unpack": ("b", True),
-    "after-unpack": ("b", True),
-    "after-rename": ("b", False),
-    "after-switch": ("a", False),
-    "after-state": ("a", False),
+    "after-verify": ("b", "b", False),
+    "mid-unpack": ("b", "b", True),
+    "after-unpack": ("b", "b", True),
+    "after-rename": ("b", "b", False),
+    "after-switch": ("a", "b", False),  # switched, not recorded: undone
+    "after-state": ("a", "a", False),  # recorded: on trial
 }
 
 
@@ -50,10 +51,10 @@ def test_killed_installer_leaves_a_complete_live_slot(capsys, root, archives, st
                            "--crash-at", step], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
-    live, staging_left = EXPECTED[step]
-    assert layout.live_slot() == (live, None)
-    assert check_slot(layout, live, full=True) == []  # complete, every byte as signed
-    assert _digest_of(layout, live) == digests[3 if live == "a" else 2]
+    killed_live, live, staging_left = EXPECTED[step]
+    assert layout.live_slot() == (killed_live, None)
+    assert check_slot(layout, killed_live, full=True) == []  # complete, every byte as signed
+    assert _digest_of(layout, killed_live) == digests[3 if killed_live == "a" else 2]
     assert layout.staging("a").exists() is staging_left
     if step == "after-verify":
         assert tree_digest(root) == before  # nothing written before the checks passed
@@ -61,8 +62,12 @@ def test_killed_installer_leaves_a_complete_live_slot(capsys, root, archives, st
     code, out, _ = run_cli(capsys, "status", "--root", root, "--json")
     report = json.loads(out)
     assert layout.leftovers() == []
-    assert report["live"] == live and report["problems"] == []
-    if live == "b":
+    assert report["live"] == live and layout.live_slot() == (live, None) and report["problems"] == []
+    if step == "after-switch":
+        assert (code, report["health"], report["previous"]) == (2, "rolled_back", None)
+        assert "before recording the install" in report["trial"]["reason"]
+        assert report["slots"]["a"]["bundle_sha256"] == digests[3]  # complete, never started
+    elif live == "b":
         assert (code, report["health"]) == (0, "committed")
         expected_previous = None if step == "after-rename" else "a"  # slot a now holds the unswitched bundle 3
         assert report["previous"] == expected_previous

@@ -267,3 +267,109 @@ def test_warm_sample_ids_are_optional_and_round_trip(minilm_package, tmp_path):
     rewrite_manifest(root, lambda d: d["serving"].pop("warm_sample_ids"))  # a package from before the field
     old = open_package(root, verify="none").manifest
     assert old.serving.warm_sample_ids is None and "warm_sample_ids" not in old.serving.model_dump()
+
+
+# ------------------------------------------------------------------ a package of one engine (a bundle's)
+
+# What each engine's bundle carries of the MiniLM package besides manifest.json (image/bundle/package_copy.py).
+ENGINE_SHARE = {"onnxruntime": {"tokenizer.fb", "model.ort", "model.onnx"},
+                "torchscript": {"tokenizer.fb", "model.ts", "weights.safetensors"}}
+
+
+def engine_share(src: Path, dst: Path, engine: str) -> Path:
+    """A package directory as a bundle of ``engine`` holds it: the manifest, unchanged, and
+    links to the tokenizer and the engine's own files only."""
+    dst.mkdir()
+    shutil.copyfile(src / "manifest.json", dst / "manifest.json")
+    for name in ENGINE_SHARE[engine]:
+        (dst / name).symlink_to((src / name).resolve())
+    return dst
+
+
+def write_synthetic(root: Path, names: list[str], engines: dict) -> None:
+    """A small valid package listing ``names`` (each a file of a few bytes) and ``engines``."""
+    root.mkdir()
+    files = {}
+    for name in names:
+        data = name.encode() * 3
+        (root / name).write_bytes(data)
+        files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    hashes = {n: e["sha256"] for n, e in files.items()}
+    data = {"format_version": 1, "name": "synthetic", "model_sha256": model_digest(hashes),
+            "tokenizer_sha256": hashes.get("tokenizer.fb"), "files": files, "inputs": [], "outputs": [],
+            "output_dim": 4, "max_seq_length": 16, "pooling": "mean", "normalize": True, "vocab_size": 32,
+            "engines": engines, "serving": {}, "source": {}, "tool_versions": {}}
+    data["package_sha256"] = manifest_digest(data)
+    (root / "manifest.json").write_text(json.dumps(data))
+
+
+_SYNTHETIC_ENGINES = {"a": {"files": ["a.bin", "shared.bin"], "gpu_files": ["a.gpu"]},
+                      "b": {"files": ["b.bin", "shared.bin"]}}
+_SYNTHETIC_FILES = ["tokenizer.fb", "a.bin", "a.gpu", "b.bin", "shared.bin", "vocab.extra"]
+
+
+@pytest.mark.parametrize("engine,expected", [
+    (None, _SYNTHETIC_FILES),
+    ("a", ["tokenizer.fb", "a.bin", "a.gpu", "shared.bin", "vocab.extra"]),
+    ("b", ["tokenizer.fb", "b.bin", "shared.bin", "vocab.extra"]),
+    ("c", ["tokenizer.fb", "vocab.extra"]),  # named by no engine: only the files no engine claims
+])
+def test_files_of_an_engine_leave_out_only_what_other_engines_alone_read(tmp_path, engine, expected):
+    write_synthetic(tmp_path / "pkg", _SYNTHETIC_FILES, _SYNTHETIC_ENGINES)
+    assert open_package(tmp_path / "pkg", verify="full").manifest.files_of(engine) == expected
+
+
+def test_synthetic_engine_share_opens_for_its_engine_only(tmp_path):
+    root = tmp_path / "pkg"
+    write_synthetic(root, _SYNTHETIC_FILES, _SYNTHETIC_ENGINES)
+    (root / "b.bin").unlink()  # the one file only b reads: what a bundle of a leaves out
+    for verify in ("size", "full"):
+        assert open_package(root, verify=verify, engine="a").manifest.name == "synthetic"
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="size", engine="b")
+    assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING and info.value.file == "b.bin"
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="size")  # engine None: every file, as before
+    assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING and info.value.file == "b.bin"
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINE_SHARE))
+def test_a_package_of_one_engine_opens_for_that_engine(minilm_package, tmp_path, engine):
+    root = engine_share(minilm_package, tmp_path / "pkg", engine)
+    pkg = open_package(root, verify="full", engine=engine)
+    assert set(pkg.manifest.files_of(engine)) == ENGINE_SHARE[engine]
+    assert pkg.identity == open_package(minilm_package, verify="none").identity  # the manifest is unchanged
+    pkg.verify_files(engine=engine)
+    for device in ("cpu", "cuda"):
+        assert set(pkg.engine_files(engine, device)) <= ENGINE_SHARE[engine]
+    other = next(e for e in ENGINE_SHARE if e != engine)
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="size")  # every file: the other engine's are not there
+    assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING and info.value.file in ENGINE_SHARE[other]
+    with pytest.raises(PackageError) as info:
+        open_package(root, verify="size", engine=other)
+    assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING and info.value.file in ENGINE_SHARE[other]
+
+
+@pytest.mark.parametrize("engine,name", [(e, n) for e in sorted(ENGINE_SHARE) for n in sorted(ENGINE_SHARE[e])])
+def test_a_package_of_one_engine_missing_one_of_its_files_is_refused_naming_it(minilm_package, tmp_path, engine,
+                                                                                name):
+    root = engine_share(minilm_package, tmp_path / "pkg", engine)
+    (root / name).unlink()
+    for verify in ("size", "full"):
+        with pytest.raises(PackageError) as info:
+            open_package(root, verify=verify, engine=engine)
+        assert info.value.code == ErrorCode.PACKAGE_FILE_MISSING and info.value.file == name
+        assert name in str(info.value)
+
+
+def test_load_engine_opens_a_package_of_its_engine(minilm_package, tmp_path):
+    """load_engine given a directory checks only its engine's files (a bundle's package)."""
+    from edge.engines import load_engine
+
+    root = engine_share(minilm_package, tmp_path / "pkg", "onnxruntime")
+    engine = load_engine(root, "onnxruntime", device="cpu")
+    try:
+        assert engine.name == "onnxruntime"
+    finally:
+        engine.close()

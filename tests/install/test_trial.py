@@ -1,0 +1,100 @@
+"""edge-trial's hooks on a device root in a directory (no systemd: tests/install/test_trial_systemd.py
+runs them under a real one): the tries each start takes, the rollback when none is left, the
+fast path that keeps pydantic off a committed device's boot, the hooks' refusal to touch a
+committed slot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from install_support import REPO_ROOT
+
+from edge.install.installer import install, mark_good
+from edge.install.layout import DeviceLayout
+from edge.install.state import TRIAL_TRIES, load_state
+from edge.install.trial import EXIT, main, needs_attention, on_failure, pre_start, trial_slot, watch
+
+
+def _two_installed(root, archives) -> DeviceLayout:
+    layout = DeviceLayout(root)
+    install(archives[1], layout, restart=False)
+    mark_good(layout)
+    install(archives[2], layout, restart=False)  # slot b on trial, a committed before it
+    return layout
+
+
+def test_each_start_on_trial_takes_a_try_and_the_one_after_the_last_rolls_back(root, archives, capsys):
+    layout = _two_installed(root, archives)
+    assert trial_slot(layout) == "b" and needs_attention(layout)
+    for left in range(TRIAL_TRIES - 1, -1, -1):
+        assert pre_start(layout) == EXIT["done"]
+        assert load_state(layout).trial.tries_left == left
+    assert layout.live_slot() == ("b", None)  # the third try is still a start of slot b
+    assert pre_start(layout) == EXIT["rolled_back"]
+    state = load_state(layout)
+    assert layout.live_slot() == ("a", None) and state.live == "a" and state.previous is None
+    assert state.trial.status.value == "rolled_back" and "started 3 times" in state.trial.reason
+    events = [h.event for h in state.history]
+    assert events[-5:] == ["install", "try", "try", "try", "rollback"], events
+    assert not needs_attention(layout) and trial_slot(layout) is None
+    assert pre_start(layout) == EXIT["done"]  # the rolled-back slot is left alone
+    assert "rolled back to slot a" in capsys.readouterr().out
+
+
+def test_a_first_install_with_no_tries_left_has_nothing_to_roll_back_to(root, archives, capsys):
+    layout = DeviceLayout(root)
+    install(archives[1], layout, restart=False)
+    for _ in range(TRIAL_TRIES):
+        pre_start(layout)
+    assert pre_start(layout) == EXIT["failed"]
+    assert layout.live_slot() == ("a", None) and load_state(layout).trial.status.value == "on_trial"
+    assert "cannot be rolled back" in capsys.readouterr().out
+
+
+def test_hooks_leave_a_committed_slot_alone(root, archives):
+    layout = _two_installed(root, archives)
+    mark_good(layout)
+    before = layout.state_file.read_bytes()
+    assert not needs_attention(layout)
+    assert pre_start(layout) == EXIT["done"]
+    assert watch(layout, sustain_s=0) == EXIT["done"]  # nothing on trial: no client, no check
+    assert on_failure(layout, unit="edge-test-none") == EXIT["done"]
+    assert layout.state_file.read_bytes() == before and layout.live_slot() == ("b", None)
+
+
+def test_leftovers_and_an_unrecorded_switch_need_the_slow_path(root, archives):
+    layout = _two_installed(root, archives)
+    mark_good(layout)
+    (layout.slots_dir / "a.staging").mkdir()
+    assert needs_attention(layout)
+    assert pre_start(layout) == EXIT["done"] and not (layout.slots_dir / "a.staging").exists()
+    data = json.loads(layout.state_file.read_text())
+    data["live"] = "a"  # as if an install had switched current to b and been killed before recording
+    layout.state_file.write_text(json.dumps(data))
+    assert needs_attention(layout)
+    pre_start(layout)
+    state = load_state(layout)
+    assert layout.live_slot() == ("a", None) and state.trial.status.value == "rolled_back"
+    assert "before recording the install" in state.trial.reason
+
+
+def test_pre_start_on_a_committed_device_does_not_import_pydantic(root, archives):
+    layout = _two_installed(root, archives)
+    mark_good(layout)
+    code = ("import sys; from edge.install.trial import main; rc = main(['pre-start', '--root', sys.argv[1]]); "
+            "print(rc, 'pydantic' in sys.modules, 'zmq' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=REPO_ROOT,
+                         timeout=60)
+    assert out.stdout.split() == ["0", "False", "False"], out.stderr
+
+
+def test_bad_arguments_exit_2(capsys):
+    for argv in (["nope"], ["watch", "--sustain", "-1"], ["watch", "--interval", "x"]):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            assert exc.code == EXIT["usage"], argv
+        else:
+            raise AssertionError(argv)

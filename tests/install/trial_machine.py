@@ -1,0 +1,234 @@
+"""A device under a real systemd for the trial's tests (docs/update.md).
+
+``systemd-nspawn`` boots systemd 252 as PID 1 with the host's /usr and a throwaway root (the
+command and its traps are those of tests/bundle/test_bundle_systemd.py). The device's persistent
+directories, /etc/edge, /opt/edge, /var/lib/edge and /var/cache/edge, are host directories bound
+in, so they outlive a boot. :func:`power_cut` kills the machine's PID 1 and nspawn: every process
+dies at once, mid-write (the page cache survives it, since the host kernel keeps running, so a
+cut here loses no written data, unlike a real one; fsync's order is what docs/archive.md argues).
+
+The units are the project's own (systemd/edge.service, edge-trial.service,
+edge-trial-failed.service), renamed after the test (nspawn shares the host's cgroup tree, so
+two runs must not both create system.slice/edge.service) and pointed at this checkout's
+edge-supervise and edge-trial. A boot runs one scenario: a Python script executed by
+probe.service with this venv's python, which writes /out/result.json and powers off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+
+from bundle_support import REPO, host_nofile  # noqa: E402
+from image.bundle.digest import ENV_NAME, bundle_digest  # noqa: E402
+
+UNITS = "/etc/systemd/system"
+PROBE = Path(__file__).with_name("trial_probe.py")
+
+
+def nspawn_or_skip() -> str:
+    nspawn = shutil.which("systemd-nspawn")
+    if nspawn is None:
+        pytest.skip("systemd-nspawn is not installed (Debian package systemd-container)")
+    if shutil.which("runc") is None or os.geteuid() != 0:
+        pytest.skip("runc as root is needed")
+    return nspawn
+
+
+def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: list[str] | None = None) -> Path:
+    """A bundle of its own made from ``src`` (its rootfs hard-linked, nothing copied): config.json
+    with the open-files limit this host can grant, the socket directory ``socket_dir`` (a path in
+    the machine's /run), ``EDGE_TEST_VARIANT=tag`` in the environment (two variants, two digests),
+    and the runtime's argv behind ``wrap`` (a command that ends by exec'ing ``sys.argv[1:]``, or
+    fails); the digest recomputed, so the packer accepts it."""
+    out.mkdir(parents=True)
+    subprocess.run(["cp", "-al", str(src / "rootfs"), str(out / "rootfs")], check=True)
+    for name in os.listdir(src):
+        if name not in ("rootfs", "config.json", "edge-bundle.json"):
+            (shutil.copytree if (src / name).is_dir() else shutil.copyfile)(src / name, out / name)
+    config = json.loads((src / "config.json").read_text())
+    proc = config["process"]
+    for r in proc["rlimits"]:
+        if r["type"] == "RLIMIT_NOFILE":
+            r["hard"] = r["soft"] = host_nofile(r["hard"])
+    for m in config["mounts"]:
+        if m["destination"] == "/run/edge":
+            m["source"] = socket_dir
+    if wrap:
+        proc["args"] = [proc["args"][0], *wrap, *proc["args"]]
+    proc["env"] = [e for e in proc["env"] if not e.startswith(f"{ENV_NAME}=")] + [f"EDGE_TEST_VARIANT={tag}"]
+    digest = bundle_digest(out / "rootfs", config)
+    proc["env"].append(f"{ENV_NAME}={digest}")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    meta = json.loads((src / "edge-bundle.json").read_text())
+    meta.update(bundle_sha256=digest, socket_dir=socket_dir, address=f"ipc://{socket_dir}/edge.sock")
+    (out / "edge-bundle.json").write_text(json.dumps(meta, indent=2))
+    return out
+
+
+# A runtime that boots late (the boot budget check fails) and one that never boots.
+SLOW_BOOT = ["-c", "import os, sys, time; time.sleep(2.5); os.execv(sys.argv[1], sys.argv[1:])"]
+CRASH = ["-c", "import sys; print('edge test: this runtime fails at once', file=sys.stderr); sys.exit(3)"]
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            tree.setdefault(ppid, []).append(int(name))
+    return tree
+
+
+def power_cut(proc: subprocess.Popen) -> None:
+    """Kill the machine at once: its PID 1 first (the kernel then kills every process of its PID
+    namespace, the runc container's included), then nspawn. Killing nspawn alone is not enough:
+    the container's systemd outlives it, reparented to the host's init, and goes on running."""
+    tree, todo, inits = _children(), [proc.pid], []
+    while todo:
+        pid = todo.pop()
+        for child in tree.get(pid, []):
+            try:
+                comm = Path(f"/proc/{child}/comm").read_text().strip()
+            except OSError:
+                continue
+            (inits.append(child) if comm == "systemd" else todo.append(child))
+    for pid in inits:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in inits) and time.monotonic() < deadline:
+        time.sleep(0.05)  # PID 1's namespace is torn down: its processes are gone, their locks released
+
+
+class Machine:
+    """One device: its root on the host (``root``: etc/edge, opt/edge, var/lib/edge, var/cache/edge),
+    the renamed units, and boots of it."""
+
+    def __init__(self, workdir: Path, public_key: Path, *, archives: Path, sustain_s: float = 3.0,
+                 interval_s: float = 0.5, start_limit_burst: int | None = None) -> None:
+        self.nspawn = nspawn_or_skip()
+        self.unit = f"edge-t{uuid.uuid4().hex[:8]}"
+        self.work = workdir
+        self.root = workdir / "root"
+        self.nsp = workdir / "nsp"
+        self.out = workdir / "out"
+        for d in ("etc/edge/keys", "opt/edge", "var/lib/edge", "var/cache/edge", "etc/default"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        (self.root / "etc/edge/keys/edge-signing.pub").write_bytes(public_key.read_bytes())
+        self.nsp.mkdir()
+        self.out.mkdir()
+        self.archives = archives  # /archives in the machine, read-only
+        self.boots = 0
+        self._write_units(sustain_s, interval_s, start_limit_burst)
+
+    def _write_units(self, sustain_s: float, interval_s: float, burst: int | None) -> None:
+        trial = str(Path(sys.executable).with_name("edge-trial"))
+        shutil.copyfile(REPO / "systemd" / "edge-supervise", self.nsp / "edge-supervise")
+        renames = {"edge-trial-failed.service": f"{self.unit}-trial-failed.service",
+                   "edge-trial.service": f"{self.unit}-trial.service"}
+        units = {}
+        for name in ("edge.service", "edge-trial.service", "edge-trial-failed.service"):
+            text = (REPO / "systemd" / name).read_text()
+            for old, new in renames.items():
+                text = text.replace(old, new)
+            text = text.replace("/usr/local/lib/edge/edge-supervise", "/nsp/edge-supervise")
+            text = text.replace("/usr/local/bin/edge-trial", trial)
+            text = text.replace("EDGE_CONTAINER_ID=edge ", f"EDGE_CONTAINER_ID={self.unit} ")
+            text = text.replace("EDGE_SNAPSHOT=auto", "EDGE_SNAPSHOT=off")  # no CRIU work in these tests
+            text = re.sub(r"--unit edge\b", f"--unit {self.unit}", text)
+            text = text.replace("edge.service", f"{self.unit}.service")
+            units[name.replace("edge", self.unit, 1)] = text
+        for name, text in units.items():
+            (self.nsp / name).write_text(text)
+        dropins = self.nsp / "dropins"
+        dropins.mkdir()
+        (dropins / "limits.conf").symlink_to("/opt/edge/bundle/current/edge.service.d/limits.conf")
+        if burst is not None:
+            (dropins / "test.conf").write_text(f"[Unit]\nStartLimitBurst={burst}\n")
+        (self.root / "etc/default/edge").write_text(
+            f"EDGE_TRIAL_SUSTAIN={sustain_s}\nEDGE_TRIAL_INTERVAL={interval_s}\n")
+        self.unit_names = list(units)
+
+    def command(self, scenario: Path) -> list[str]:
+        binds = [f"--bind={self.root / d}:/{d}" for d in ("etc/edge", "opt/edge", "var/lib/edge", "var/cache/edge")]
+        binds += [f"--bind-ro={self.root / 'etc/default/edge'}:/etc/default/edge", f"--bind-ro={REPO}:{REPO}",
+                  f"--bind-ro={self.archives}:/archives"]
+        for prefix in {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}:  # the venv, its python
+            if not prefix.startswith((str(REPO), "/usr/")):
+                binds.append(f"--bind-ro={prefix}:{prefix}")
+        binds += [f"--bind-ro={self.nsp / n}:{UNITS}/{n}" for n in self.unit_names]
+        binds.append(f"--bind-ro={self.nsp / 'dropins'}:{UNITS}/{self.unit}.service.d")
+        probe = self.nsp / "probe.service"
+        # Powers off however the scenario ends; the journal and its output are kept in /out.
+        probe.write_text(f"[Unit]\nAfter=local-fs.target\n[Service]\nType=oneshot\nTimeoutStartSec=600\n"
+                         f"Environment=EDGE_UNIT={self.unit} PYTHONPATH={REPO / 'tests' / 'install'}\n"
+                         f"StandardOutput=append:/out/probe.log\nStandardError=append:/out/probe.log\n"
+                         f"ExecStart={sys.executable} /nsp/scenario.py\n"
+                         f"ExecStopPost=/bin/sh -c 'journalctl --no-pager -o short-monotonic > /out/journal.txt; "
+                         f"systemctl poweroff'\n")
+        shutil.copyfile(scenario, self.nsp / "scenario.py")
+        binds.append(f"--bind-ro={probe}:{UNITS}/probe.service")
+        return [self.nspawn, "--quiet", "--volatile=yes", "-D", "/", "--register=no", "--keep-unit",
+                "--capability=all", "--system-call-filter=add_key keyctl request_key @mount @privileged @raw-io",
+                "--bind=/sys/fs/cgroup:/sys/fs/cgroup", f"--bind={self.nsp}:/nsp", f"--bind={self.out}:/out",
+                *binds, "-b", "systemd.firstboot=off", "systemd.wants=probe.service"]
+
+    def boot(self, scenario_text: str, *, timeout_s: float = 300, kill_when=None) -> dict:
+        """Boot with ``scenario_text`` as the probe; its result.json. ``kill_when``: a callable
+        polled every 10 ms while the machine runs; when it returns true, nspawn is SIGKILLed
+        (a power cut) and the result is {"killed": seconds into the boot}."""
+        self.boots += 1
+        scenario = self.work / f"scenario-{self.boots}.py"
+        scenario.write_text(scenario_text)
+        result = self.out / "result.json"
+        for name in ("result.json", "probe.log", "journal.txt"):
+            (self.out / name).unlink(missing_ok=True)
+        log = open(self.work / f"boot-{self.boots}.log", "w")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(self.command(scenario), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > timeout_s:
+                    raise AssertionError(f"boot {self.boots} ran over {timeout_s} s: {self.log_tail()}")
+                if kill_when is not None and kill_when():
+                    power_cut(proc)
+                    return {"killed": round(time.monotonic() - t0, 3)}
+                time.sleep(0.01)
+        finally:
+            if proc.poll() is None:
+                power_cut(proc)
+            log.close()
+            subprocess.run(["runc", "delete", "--force", self.unit], capture_output=True)
+        assert result.exists(), f"boot {self.boots} left no result: {self.log_tail()}"
+        return json.loads(result.read_text())
+
+    def log_tail(self, n: int = 4000) -> str:
+        parts = [(self.work / f"boot-{self.boots}.log").read_text(errors="replace")[-n:]]
+        for name in ("probe.log", "journal.txt"):
+            if (self.out / name).exists():
+                parts.append(f"--- {name}\n" + (self.out / name).read_text(errors="replace")[-n:])
+        return "\n".join(parts)

@@ -1,0 +1,132 @@
+"""What a scenario in the trial's machine (trial_machine.py) uses: runs inside systemd-nspawn,
+as probe.service, with this checkout's venv python. The unit's name is in ``EDGE_UNIT``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+UNIT = os.environ["EDGE_UNIT"]
+BUNDLE = "/opt/edge/bundle/current"
+BIN = os.path.dirname(sys.executable)
+RESULT: dict = {"unit": UNIT}
+
+
+def sh(*cmd: str, timeout: float = 300) -> dict:
+    t0 = time.monotonic()
+    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr[-3000:],
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def edge_bundle(*args: str, timeout: float = 300) -> dict:
+    return sh(f"{BIN}/edge-bundle", *args, timeout=timeout)
+
+
+def status() -> dict:
+    r = edge_bundle("status", "--json")
+    try:
+        report = json.loads(r["out"])
+    except ValueError:
+        return {"rc": r["rc"], "error": r["err"]}
+    report["rc"] = r["rc"]
+    return report
+
+
+def address() -> str:
+    with open(os.path.join(BUNDLE, "edge-bundle.json")) as f:
+        return json.load(f)["address"]
+
+
+def serving(timeout_s: float = 60.0) -> dict:
+    """Wait until the runtime answers ready; the bundle digest its lineage reports."""
+    from edge.ipc.client import EdgeClient
+
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        client = EdgeClient(address(), timeout_s=1.0)
+        try:
+            if client.health(timeout_s=1.0).get("ready"):
+                return {"bundle_sha256": client.stats(timeout_s=5.0)["lineage"]["bundle_sha256"],
+                        "waited_s": round(timeout_s - (deadline - time.monotonic()), 3)}
+        except Exception as exc:  # noqa: BLE001 - not up yet: the socket, a timeout
+            last = repr(exc)
+        finally:
+            client.close()
+        time.sleep(0.1)
+    return {"bundle_sha256": None, "error": last}
+
+
+def wait_for(predicate, timeout_s: float, step_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step_s)
+    return None
+
+
+def wait_health(word: str, timeout_s: float = 120.0) -> dict:
+    """`edge-bundle status` until its health is ``word``; the last report."""
+    last = {}
+
+    def check():
+        nonlocal last
+        last = status()
+        return last.get("health") == word
+
+    wait_for(check, timeout_s, 0.5)
+    return last
+
+
+class HealthPoller(threading.Thread):
+    """``health`` every ``period_s`` with a fresh connection; the longest time between two ready
+    answers is the runtime's outage as a client sees it."""
+
+    def __init__(self, period_s: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        import zmq
+
+        self.zmq = zmq
+        self.ctx = zmq.Context.instance()
+        self.period_s = period_s
+        self.oks: list[float] = []
+        self.fails = 0
+        self.stopping = threading.Event()
+
+    def _one(self, addr: str) -> bool:
+        from edge.ipc.client import EdgeClient
+
+        client = EdgeClient(addr, timeout_s=0.5, context=self.ctx)
+        try:
+            return bool(client.health(timeout_s=0.5).get("ready"))
+        except Exception:  # noqa: BLE001 - down: refused, timed out
+            return False
+        finally:
+            client.close()
+
+    def run(self) -> None:
+        addr = address()
+        while not self.stopping.is_set():
+            if self._one(addr):
+                self.oks.append(time.monotonic())
+            else:
+                self.fails += 1
+            time.sleep(self.period_s)
+
+    def stop(self) -> dict:
+        self.stopping.set()
+        self.join(5)
+        gaps = [b - a for a, b in zip(self.oks, self.oks[1:])]
+        return {"answers": len(self.oks), "failures": self.fails, "max_gap_s": round(max(gaps, default=0.0), 3)}
+
+
+def finish() -> None:
+    with open("/out/result.json", "w") as f:
+        json.dump(RESULT, f, indent=2)
