@@ -22,7 +22,8 @@ exit status of install: 0 installed (and the unit restarted, or the restart skip
 archive fails a check (signature, manifest, compatibility, space, a member), nothing is left
 behind and the live slot is untouched; 2 not ready: no such file, no trusted key, current is not
 edge-bundle's symlink, another installer is running; 3 failed midway (the message says what is
-left; current still points at a complete slot); 4 installed and switched, but the restart failed.
+left; current still points at a complete slot); 4 installed and switched, but the restart failed
+(the new slot is on trial: edge-trial rolls it back if the unit keeps failing, docs/update.md).
 rollback and mark-good: 0 done; 2 nothing to do it to; 3 failed; 4 (rollback) the restart failed.
 status: 0 committed; 1 on trial; 2 rolled back, or broken (nothing installed, current missing or
 not a slot, the live slot incomplete). 130 interrupted, 143 terminated."""

@@ -7,7 +7,8 @@
     │                                      trusted key, no such file, `current` is not ours,
     │                                      another installer runs, nothing to roll back to
     └── RestartFailed             (exit 4) the switch is done and recorded, but `systemctl restart
-                                           edge` failed: the new slot runs from the next start
+                                           edge` failed: the slot is on trial, and the trial's
+                                           hooks roll it back if the unit keeps failing
 
 ``recoverable`` says whether running the same command again can succeed without changing the
 archive: a Refused archive stays refused; a device that is NotReady can be made ready; a failure
