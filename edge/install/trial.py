@@ -133,7 +133,7 @@ def watch(layout: DeviceLayout, *, sustain_s: float = SUSTAIN_S, interval_s: flo
         _say("nothing on trial")
         return EXIT["done"]
     from edge.install.errors import NotReady
-    from edge.install.installer import HOOK_LOCK_WAIT_S, mark_good, rollback
+    from edge.install.installer import HOOK_LOCK_WAIT_S, mark_good
     from edge.ipc.client import EdgeClient
     from edge.selftest import run_checks
 
@@ -151,15 +151,7 @@ def watch(layout: DeviceLayout, *, sustain_s: float = SUSTAIN_S, interval_s: flo
                 return EXIT["failed"]
             if not report.passed:
                 bad = next(c for c in report.checks if c.passed is False)
-                reason = f"self-test failed on run {runs}: {bad.name}: {bad.detail}"
-                try:
-                    _left, back, restarted = rollback(layout, reason=reason, block=False, reset_failed=True,
-                                                      only_on_trial=True, unit=unit, wait_s=HOOK_LOCK_WAIT_S)
-                except NotReady as exc:
-                    _say(f"slot {slot}: {reason}; not rolled back: {exc}")
-                    return EXIT["failed"]
-                _say(f"rolled back to slot {back}: {reason}; {restarted}")
-                return EXIT["rolled_back"]
+                return _roll_back(layout, slot, f"self-test failed on run {runs}: {bad.name}: {bad.detail}", unit)
             now = time.monotonic()
             first_pass = first_pass or now
             if now - first_pass >= sustain_s:
@@ -185,12 +177,18 @@ def on_failure(layout: DeviceLayout, unit: str = "edge") -> int:
         return EXIT["done"]
     import subprocess
 
+    result = subprocess.run(["systemctl", "show", "-p", "Result", "--value", f"{unit}.service"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    return _roll_back(layout, slot, f"{unit}.service failed on trial and systemd stopped restarting it "
+                                    f"(result: {result})", unit)
+
+
+def _roll_back(layout: DeviceLayout, slot: str, reason: str, unit: str) -> int:
+    """An automatic rollback of ``slot``'s trial: back to the previous slot, the unit's failures
+    cleared and its restart queued (the watcher is stopped by that restart: it must not wait)."""
     from edge.install.errors import InstallError
     from edge.install.installer import HOOK_LOCK_WAIT_S, rollback
 
-    result = subprocess.run(["systemctl", "show", "-p", "Result", "--value", f"{unit}.service"],
-                            capture_output=True, text=True).stdout.strip() or "unknown"
-    reason = f"{unit}.service failed on trial and systemd stopped restarting it (result: {result})"
     try:
         _left, back, restarted = rollback(layout, reason=reason, block=False, reset_failed=True,
                                           only_on_trial=True, unit=unit, wait_s=HOOK_LOCK_WAIT_S)
