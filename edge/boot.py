@@ -11,7 +11,8 @@ threads' is hashing, ONNX Runtime's C calls and torch's kernels, which release i
 two overlap instead of queueing (:class:`EngineChain`). With the TorchScript engine
 ``import_engine`` (``import torch``, seconds of GIL) runs on the main thread, first.
 ``verify_package`` hashes the files the engine maps before any parser reads them; the
-tokenizer file is hashed the same way before it is opened.
+tokenizer file is hashed the same way before it is opened. With a ``--metrics-*`` flag,
+``check_metrics_export`` runs first; the exporter itself starts after READY.
 
 Each stage's start and end (ms since exec) go into the timeline, which is logged as one
 JSON line, written to a file and returned by ``stats``. A stage that fails exits non-zero
@@ -109,6 +110,10 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
     came there."""
     stages = Stages(timeline)
     timeline.add("interpreter", 0.0, timeline.ms_at(_MODULE_BOOTTIME_S))
+    if getattr(args, "metrics_textfile", None) or getattr(args, "metrics_listen", None):
+        from edge.metrics_publish import check_metrics_export  # stdlib only: prometheus_client comes after READY
+
+        stages.run(check_metrics_export, args, setting="--metrics-textfile DIR, --metrics-listen HOST:PORT")
     manifest_mod = stages.run(import_manifest, setting="reinstall edge")
     if args.package:
         package_dir = Path(args.package)
@@ -288,12 +293,24 @@ def serve(args) -> int:
     if sys.stderr.isatty():  # a person at a terminal: one plain line beside the JSON log
         print(f"edge: ready in {record['exec_to_ready_ms']:.0f} ms ({record['start']}), {status}", file=sys.stderr,
               flush=True)
+    telemetry = None
+    if getattr(args, "telemetry_interval", 0) > 0:  # after READY: the sampler reads on its own thread
+        from edge.telemetry import start_sampler
+
+        telemetry = start_sampler(server, args.telemetry_interval)
+    from edge.metrics_publish import start_metrics  # after READY: prometheus_client's import costs ~60-100 ms
+
+    metrics = start_metrics(args, server)
     while not stop.wait(1.0):
         pass
     log("shutdown.draining", drain_timeout_s=args.drain_timeout)
     notify("STOPPING=1", "STATUS=draining")
     server.request_drain()
     drained = server.wait(_drain_wait_s(args))
+    if telemetry is not None:
+        telemetry.stop()
+    if metrics is not None:  # a last write: the file says stopped, with the final counts
+        metrics.stop()
     log("shutdown.done", drained=drained)
     return 0 if drained else 1
 

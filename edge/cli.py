@@ -1,6 +1,7 @@
 """``edge`` command line: ``serve`` (the runtime), ``embed``/``health``/``stats`` (a client),
-``selftest`` (the updater's health gate, ``edge/selftest.py``) and ``keys generate`` (CURVE keys
-for tcp://, ``edge/keys.py``).
+``selftest`` (the updater's health gate, ``edge/selftest.py``), ``top`` (a live view,
+``edge/top.py``), ``doctor`` (the technician's check, ``edge/doctor/``) and ``keys generate``
+(CURVE keys for tcp://, ``edge/keys.py``).
 
 No user mistake prints a traceback: every error is one line on stderr naming what is wrong
 and what to change, and the exit status says which kind it was (:data:`EXIT_CODES`).
@@ -84,6 +85,17 @@ def _parser() -> argparse.ArgumentParser:
                          "here, embeds the package's reference text as its build did, and booted within the "
                          "package's budget; exit 0 when all hold (docs/selftest.md)",
         timeout_s=30.0, timeout_help="wait at most this long for the server to be ready, and for the whole check"))
+    from edge.top import add_arguments as add_top_arguments
+
+    add_top_arguments(_client_parser(
+        sub, "top", "a live terminal view of one runtime: requests per second, latency percentiles, queue per "
+                    "bucket, batch fill, padding, device telemetry (docs/top.md)"))
+    from edge.doctor import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(_client_parser(
+        sub, "doctor", "the technician's check of this device, service up or down: PASS, WARN, FAIL or N/A per "
+                       "check with a fix; exit 0 when nothing failed (docs/doctor.md)",
+        timeout_help="wait at most this long for each reply of the server"))
     from edge.keys import add_parser as add_keys_parser
 
     add_keys_parser(sub, _EPILOG)
@@ -123,14 +135,28 @@ def _print_embeddings(fmt: str, result) -> None:
                                      "truncated": meta["truncated"][i], "trace_id": meta["trace_id"]}) + "\n")
 
 
-def _selftest(args) -> int:
+def _with_address(args, run) -> int:
+    """``run(args, address, curve)`` for the commands that are clients of their own (selftest, top)."""
     from edge.ipc.curve import KeyFileError, client_curve
     from edge.ipc.endpoint import AddressError
-    from edge.selftest import run
 
     try:
         address = _address(args)
         curve = client_curve(address, args.server_key, args.client_key)
+    except (AddressError, KeyFileError) as exc:
+        return _fail(args.command, str(exc))
+    return run(args, address, curve)
+
+
+def _doctor(args) -> int:
+    """``edge doctor``: the address only when given (else the bundle's own, edge/doctor/)."""
+    from edge.doctor import run
+    from edge.ipc.curve import KeyFileError, client_curve
+    from edge.ipc.endpoint import AddressError, normalize_address
+
+    try:
+        address = normalize_address(args.connect) if args.connect else None
+        curve = client_curve(address, args.server_key, args.client_key) if address else None
     except (AddressError, KeyFileError) as exc:
         return _fail(args.command, str(exc))
     return run(args, address, curve)
@@ -220,7 +246,15 @@ def main(argv: list[str] | None = None) -> int:
 
             return run(args)
         if args.command == "selftest":
-            return _selftest(args)
+            from edge.selftest import run
+
+            return _with_address(args, run)
+        if args.command == "top":
+            from edge.top import run
+
+            return _with_address(args, run)
+        if args.command == "doctor":
+            return _doctor(args)
         return _client(args)
     except KeyboardInterrupt:
         sys.stderr.write("edge: interrupted\n")

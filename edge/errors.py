@@ -70,6 +70,7 @@ class ErrorCode(IntEnum):
     ENGINE_LOAD_FAILED = 4021  # engine library refused the model
     BOOT_STAGE_FAILED = 4030  # any other failure of a boot stage
     SNAPSHOT_STALE = 4031  # restored from a snapshot whose mapped files changed since: boot fresh
+    METRICS_UNAVAILABLE = 4032  # a --metrics-* flag is set and prometheus-client is not installed
 
 
 class EdgeError(Exception):

@@ -32,12 +32,15 @@ __all__ = [
     "ort_library_override",
     "exec_boottime_hint_ns",
     "bundle_sha256",
+    "parse_listen",
 ]
 
 ENGINES = ("onnxruntime", "torchscript")
 DEFAULT_ENGINE = "onnxruntime"
 DEFAULT_DRAIN_TIMEOUT_S = 10.0  # SIGTERM to exit; systemd's TimeoutStopSec must exceed it
 DEFAULT_CUDA_RESERVE_MB = 512  # upper bound of the up-front CUDA reservation (MiB)
+DEFAULT_TELEMETRY_INTERVAL_S = 2.0  # seconds between device telemetry samples (edge.telemetry); 0: off
+DEFAULT_METRICS_INTERVAL_S = 15.0  # textfile rewrite period; node_exporter's scrapes are 15-60 s apart
 
 # Every environment variable the runtime reads, and what it sets. docs/ lists the same.
 ENVIRONMENT = {
@@ -56,6 +59,11 @@ ENVIRONMENT = {
     "EDGE_DRAIN_TIMEOUT_S": "edge serve --drain-timeout",
     "EDGE_CUDA_RESERVE_MB": "edge serve --cuda-reserve-mb",
     "EDGE_LOG_LEVEL": "edge serve --log-level",
+    "EDGE_TELEMETRY_INTERVAL": "edge serve --telemetry-interval",
+    "EDGE_METRICS_TEXTFILE": "edge serve --metrics-textfile",
+    "EDGE_METRICS_INTERVAL_S": "edge serve --metrics-interval",
+    "EDGE_METRICS_LISTEN": "edge serve --metrics-listen",
+    "EDGE_METRICS_LISTEN_ANY": "edge serve --metrics-listen-any (1: on)",
     "EDGE_ORT_LIBRARY": "path of libonnxruntime.so to load instead of the one in the onnxruntime wheel",
     "EDGE_EXEC_BOOTTIME_NS": "CLOCK_BOOTTIME (ns) just before exec, set by a launcher that timed it (edge-coldstart)",
     "EDGE_BUNDLE_SHA256": "the bundle's digest, set in the bundle's config.json; replies carry it in their lineage",
@@ -240,6 +248,24 @@ def serve_parser(env: dict | None = None):
                    help="device memory reserved up front on CUDA, MiB (env EDGE_CUDA_RESERVE_MB)")
     p.add_argument("--log-level", choices=choices["log_level"], default=e("EDGE_LOG_LEVEL", "info"),
                    help="JSON log lines at this level and above; debug adds a line per reply (env EDGE_LOG_LEVEL)")
+    p.add_argument("--telemetry-interval", type=_number(float, "EDGE_TELEMETRY_INTERVAL"), metavar="SECONDS",
+                   default=e("EDGE_TELEMETRY_INTERVAL", str(DEFAULT_TELEMETRY_INTERVAL_S)),
+                   help="seconds between device telemetry samples (GPU load, temperatures, power rails, memory, "
+                        "power mode), read on a thread from READY on and returned by stats; 0 turns it off "
+                        "(docs/telemetry.md; env EDGE_TELEMETRY_INTERVAL)")
+    p.add_argument("--metrics-textfile", metavar="DIR", default=e("EDGE_METRICS_TEXTFILE"),
+                   help="write Prometheus metrics to DIR/edge.prom (atomically) for node_exporter's textfile "
+                        "collector, from READY on and at shutdown; needs edge[metrics] (docs/metrics.md; "
+                        "env EDGE_METRICS_TEXTFILE)")
+    p.add_argument("--metrics-interval", type=_number(float, "EDGE_METRICS_INTERVAL_S"), metavar="SECONDS",
+                   default=e("EDGE_METRICS_INTERVAL_S", str(DEFAULT_METRICS_INTERVAL_S)),
+                   help="seconds between two writes of --metrics-textfile (env EDGE_METRICS_INTERVAL_S)")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT", default=e("EDGE_METRICS_LISTEN"),
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics from READY on; a bare PORT means "
+                        "127.0.0.1:PORT; loopback only unless --metrics-listen-any (env EDGE_METRICS_LISTEN)")
+    p.add_argument("--metrics-listen-any", action="store_true", default=e("EDGE_METRICS_LISTEN_ANY") == "1",
+                   help="let --metrics-listen bind an address other machines reach: anyone there reads the "
+                        "metrics and the build's lineage (env EDGE_METRICS_LISTEN_ANY=1)")
     return p
 
 
@@ -270,6 +296,9 @@ def parse_serve_args(argv: list[str] | None = None, env: dict | None = None):
         parser.error("argument --drain-timeout: give seconds >= 0")
     if args.cuda_reserve_mb < 0:
         parser.error("argument --cuda-reserve-mb: give MiB >= 0")
+    if args.telemetry_interval != 0 and not 0.1 <= args.telemetry_interval <= 86400:  # shorter: a busy core
+        parser.error("argument --telemetry-interval: give 0 (off) or seconds from 0.1 to 86400")
+    _check_metrics(parser, args, argv)
     return args
 
 
@@ -289,6 +318,44 @@ def _check_tcp_auth(parser, args, argv: list[str]) -> None:
             parser.error(f"{bind} accepts connections from other machines and TCP has no authentication of its "
                          f"own: run `edge keys generate --out DIR` and pass --keys DIR (env EDGE_KEYS), or bind "
                          f"tcp://127.0.0.1:PORT (this machine only)")
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT``, ``:PORT`` or ``PORT`` as (host, port); no host: 127.0.0.1;
+    port 0: one the kernel picks (the ``metrics.started`` log line names it). ValueError says
+    what is wrong."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep:
+        host = ""
+    if host.count(":") and not host.startswith("["):
+        raise ValueError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:9464")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{text!r}: port {port!r} is not a number in 0..65535")
+    return host, int(port)
+
+
+def _check_metrics(parser, args, argv: list[str]) -> None:
+    """The metrics flags: a positive interval, a listen address that parses, and one other
+    machines reach only with ``--metrics-listen-any`` (the endpoint has no authentication)."""
+    if not 0 < args.metrics_interval <= 86400:  # NaN and inf too: a thread's wait takes neither
+        parser.error("argument --metrics-interval: give seconds > 0 and at most 86400")
+    given = lambda flag: any(a == flag or a.startswith(flag + "=") for a in argv)  # noqa: E731
+    if args.metrics_listen_any and not args.metrics_listen:
+        where = "argument --metrics-listen-any" if given("--metrics-listen-any") else "EDGE_METRICS_LISTEN_ANY"
+        parser.error(f"{where}: it is for --metrics-listen HOST:PORT, which is not set")
+    if not args.metrics_listen:
+        return
+    where = "argument --metrics-listen" if given("--metrics-listen") else "EDGE_METRICS_LISTEN"
+    try:
+        host, port = parse_listen(args.metrics_listen)
+    except ValueError as exc:
+        parser.error(f"{where}: {exc}")
+    from edge.ipc.curve import is_loopback
+
+    if not args.metrics_listen_any and not is_loopback(f"tcp://[{host}]:{port}"):
+        parser.error(f"{where}: {host} accepts connections from other machines and the metrics endpoint has no "
+                     f"authentication: listen on 127.0.0.1:{port} (this machine only), or add --metrics-listen-any")
 
 
 # ------------------------------------------------------------------ other EDGE_* variables

@@ -23,10 +23,11 @@ from edge.elf import elf_machine
 from edge.install.errors import Refused
 from edge.install.layout import DeviceLayout
 
-__all__ = ["DeviceFacts", "device_facts", "check_compatible", "check_space", "SPACE_MARGIN"]
+__all__ = ["DeviceFacts", "device_facts", "check_compatible", "check_space", "SPACE_MARGIN", "L4T_RELEASE",
+           "l4t_in_range"]
 
 SPACE_MARGIN = 0.10  # beyond unpacked_bytes: directory blocks, the last block of each file, the manifest
-_L4T = re.compile(r"R(\d+)\s*\([^)]*\),\s*REVISION:\s*([\d.]+)")
+L4T_RELEASE = re.compile(r"R(\d+)\s*\([^)]*\),\s*REVISION:\s*([\d.]+)")
 
 
 class DeviceFacts:
@@ -52,7 +53,7 @@ def device_facts(layout: DeviceLayout) -> DeviceFacts:
         arch, arch_from = platform.machine(), "uname -m"
     l4t = None
     try:
-        m = _L4T.search(layout.nv_tegra_release.read_text(errors="replace"))
+        m = L4T_RELEASE.search(layout.nv_tegra_release.read_text(errors="replace"))
         l4t = f"{m.group(1)}.{m.group(2)}" if m else "unknown"
     except OSError:
         pass
@@ -63,11 +64,11 @@ def device_facts(layout: DeviceLayout) -> DeviceFacts:
     return DeviceFacts(arch, arch_from, l4t, compatible)
 
 
-def _version(text: str) -> tuple[int, ...]:
+def _version(text: str) -> tuple[int, ...]:  # "36.3.0" -> (36, 3, 0)
     return tuple(int(p) for p in text.split(".") if p.isdigit())
 
 
-def _in_range(version: str, low: str | None, high: str | None) -> bool:
+def l4t_in_range(version: str, low: str | None, high: str | None) -> bool:
     """``high`` covers its sub-releases: 36.3.0 is within 36.0-36.3. None: unbounded."""
     v = _version(version)
     return ((low is None or v[:len(_version(low))] >= _version(low))
@@ -87,7 +88,7 @@ def check_compatible(manifest, facts: DeviceFacts) -> None:
         if facts.l4t is None:
             raise Refused("compatibility", f"the bundle needs L4T {_range(want.l4t)}, and this root has no "
                                            f"etc/nv_tegra_release (not a Jetson)")
-        if facts.l4t == "unknown" or not _in_range(facts.l4t, want.l4t.min, want.l4t.max):
+        if facts.l4t == "unknown" or not l4t_in_range(facts.l4t, want.l4t.min, want.l4t.max):
             raise Refused("compatibility", f"the bundle needs L4T {_range(want.l4t)}, this device runs "
                                            f"{facts.l4t}")
     if want.devices:

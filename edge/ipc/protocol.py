@@ -166,9 +166,10 @@ class QueueInfo:
     in_flight: int  # requests admitted and not yet answered
     pending_text_bytes: int = 0  # UTF-8 bytes of texts received and not yet tokenized
     max_pending_text_bytes: int = 0
+    by_bucket: dict | None = None  # stats only: {bucket length: texts in the scheduler's queue}
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__slots__}
+        d = {k: getattr(self, k) for k in self.__slots__ if k != "by_bucket" or self.by_bucket is not None}
         # Deprecated (protocol v1): "requests" counted texts, "max_tokens" is the token bound.
         d.update(requests=self.texts, max_requests=self.max_texts, max_tokens=self.max_queued_tokens)
         return d

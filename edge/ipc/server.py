@@ -6,14 +6,13 @@ engine to one loop; docs/design.md, "Ownership")::
     client -> ROUTER -> I/O thread: validate, reserve -> tokenizer stage -> Admit -> engine loop
            <- ROUTER <- I/O thread: encode, send <- outbox + wake pipe <- engine loop
 
-Tokenizing has a thread of its own (``edge/serving/tokenize_stage.py``). A request is tied
-to its connection (``edge/ipc/connections.py``, which also caps the connections held).
+Tokenizing has a thread of its own (``edge/serving/tokenize_stage.py``). A request is tied to its
+connection (``edge/ipc/connections.py``, which also caps the connections held). The I/O thread blocks when idle.
 
-The I/O thread owns the socket, the lifecycle state and the table of requests in flight. A
-reply to an infer request is sent only by popping the request from that table, so every
-accepted request gets exactly one reply, whatever races with cancel, deadlines or a drain
-timeout. Other threads talk to the I/O thread through one pipe: a byte written there wakes
-it to read the serving core's outbox, start draining or become ready. It blocks when idle.
+The I/O thread owns the socket, the lifecycle state and the table of requests in flight. A reply to an infer
+request is sent only by popping the request from that table, so every accepted request gets exactly one reply,
+whatever races with cancel, deadlines or a drain timeout. Other threads talk to the I/O thread through one
+pipe: a byte written there wakes it to read the serving core's outbox, start draining or become ready.
 """
 
 from __future__ import annotations
@@ -89,6 +88,7 @@ class IpcServer:
         self._stopped = threading.Event()
         self._handlers = {"infer": self._on_infer, "cancel": self._on_cancel, "health": self._on_health,
                           "stats": self._on_stats}
+        self.extra_stats: Callable[[], dict] | None = None  # more stats fields, no I/O (edge.telemetry sets it)
 
     @property
     def state(self) -> Lifecycle:
@@ -197,10 +197,8 @@ class IpcServer:
         self._release_lock()
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         for fd in fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._set_state(Lifecycle.STOPPED)
         self._stopped.set()
 
@@ -335,8 +333,9 @@ class IpcServer:
                                     f"no request {msg.request_id!r} in flight on this connection", msg.request_id)
         self.core.cancel(target, peer)
 
-    def _queue_info(self) -> P.QueueInfo:
-        return P.QueueInfo(**self.core.admission.info(), in_flight=len(self._inflight))
+    def _queue_info(self, by_bucket: bool = False) -> P.QueueInfo:
+        depth = {str(b): self.core.scheduler.queued(b) for b in self.core.shapes.buckets} if by_bucket else None
+        return P.QueueInfo(**self.core.admission.info(), in_flight=len(self._inflight), by_bucket=depth)
     def _on_health(self, peer: Peer, msg: P.HealthMsg) -> None:
         reply = P.HealthReply(ready=self._state is Lifecycle.READY, state=self._state.value,
                               uptime_s=round(time.monotonic() - self.metrics.started, 3), queue=self._queue_info(),
@@ -350,9 +349,10 @@ class IpcServer:
             timeline = self.timeline() if self.timeline else None
         except Exception as exc:
             timeline = {"error": f"{type(exc).__name__}: {exc}"}
-        reply = P.StatsReply(metrics=self.metrics.snapshot(), state=self._state.value, queue=self._queue_info(),
-                             lineage=self.lineage, settings=settings, timeline=timeline, trace_id=peer.trace_id,
-                             connections=self._conns.info())
+        extra = self.extra_stats() if self.extra_stats else {}
+        reply = P.StatsReply(metrics={**self.metrics.snapshot(), **extra}, state=self._state.value,
+                             queue=self._queue_info(True), lineage=self.lineage, settings=settings, timeline=timeline,
+                             trace_id=peer.trace_id, connections=self._conns.info())
         if self._send(peer, reply.frames(peer.encoding)):
             self.metrics.replied("stats")
 

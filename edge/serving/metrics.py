@@ -3,6 +3,9 @@
 Written by two threads (the I/O thread counts requests and replies, the engine
 loop counts batches), read by the I/O thread for a ``stats`` reply; a single
 lock keeps a snapshot consistent. Every update is a few integer adds.
+
+The Prometheus exposition reads :meth:`Metrics.snapshot` too (``edge/metrics_export.py``,
+in base units), so ``stats`` and the metrics endpoint never disagree.
 """
 
 from __future__ import annotations
@@ -160,22 +163,3 @@ class Metrics:
                     "by_bucket": {str(b): dict(s) for b, s in sorted(self.by_bucket.items())},
                 },
             }
-
-    def to_prometheus(self, prefix: str = "edge") -> str:
-        """The same numbers in the Prometheus text exposition format."""
-        snap = self.snapshot()
-        lines = [f"{prefix}_uptime_seconds {snap['uptime_s']}"]
-        for t, n in snap["requests"].items():
-            lines.append(f'{prefix}_requests_total{{type="{t}"}} {n}')
-        for e in snap["errors"]:
-            lines.append(f'{prefix}_errors_total{{code="{e["code"]}",name="{e["name"]}"}} {e["count"]}')
-        lines.append(f"{prefix}_texts_accepted_total {snap['texts_accepted']}")
-        lines.append(f"{prefix}_batches_total {snap['batches']['count']}")
-        for name, h in snap["latency_ms"].items():
-            seen = 0
-            for bound, c in zip(h["bounds"] + ["+Inf"], h["counts"]):
-                seen += c
-                lines.append(f'{prefix}_{name}_ms_bucket{{le="{bound}"}} {seen}')
-            lines.append(f"{prefix}_{name}_ms_sum {h['sum']}")
-            lines.append(f"{prefix}_{name}_ms_count {h['count']}")
-        return "\n".join(lines) + "\n"

@@ -23,9 +23,11 @@ __all__ = ["Rootfs", "select_files", "elf_machine", "ELF_MACHINES", "tree_size",
 
 PACKAGE_PATH = "/opt/edge/package"  # where the model package lives inside the container
 # Never copied: kernel and runtime filesystems, and files that describe the build host.
-ALWAYS_EXCLUDED = ("/proc/", "/sys/", "/dev/", "/run/", "/tmp/", "/var/run/", "/var/tmp/")
+# The telemetry sampler (edge/telemetry/) reads the build host's L4T release and power mode
+# after READY, inside the trace: a copy would freeze the build host's into the bundle.
+ALWAYS_EXCLUDED = ("/proc/", "/sys/", "/dev/", "/run/", "/tmp/", "/var/run/", "/var/tmp/", "/var/lib/nvpmodel/")
 HOST_IDENTITY = {"/etc/hostname", "/etc/machine-id", "/etc/resolv.conf", "/.dockerenv", "/etc/ld.so.cache",
-                 "/etc/passwd", "/etc/group", "/etc/mtab"}
+                 "/etc/passwd", "/etc/group", "/etc/mtab", "/etc/nv_tegra_release", "/etc/nvpmodel.conf"}
 
 
 def elf_interpreter(path: str) -> str | None:

@@ -433,8 +433,9 @@ def test_stats_content(make_server, make_client):
     assert s["settings"]["buckets"] == [8, 16, 32, 64] and s["settings"]["batch_caps"]["64"] == 4
     assert s["queue"] == {"texts": 0, "max_texts": 64, "tokens": 0, "max_queued_tokens": 4096, "in_flight": 0,
                           "pending_text_bytes": 0, "max_pending_text_bytes": 32 << 20,
+                          "by_bucket": {"8": 0, "16": 0, "32": 0, "64": 0},  # stats only: texts queued per bucket
                           "requests": 0, "max_requests": 64, "max_tokens": 4096}  # the last three: deprecated names
+    assert "by_bucket" not in c.health()["queue"]
     assert s["settings"]["max_text_tokens"] == s["settings"]["max_tokens"] == 64  # MAX_SEQ of conftest
     # string keys only: a strict msgpack decoder (and JSON) reads it
     msgpack.unpackb(msgpack.packb(s), strict_map_key=True)
-    assert "edge_requests_total" in server.metrics.to_prometheus()

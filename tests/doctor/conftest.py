@@ -1,0 +1,27 @@
+"""Fixtures of ``edge doctor``'s tests: an empty device root, a host whose commands answer from a table."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from doctor_support import FakeHost  # noqa: E402
+
+
+@pytest.fixture
+def host():
+    return FakeHost()
+
+
+@pytest.fixture
+def root():
+    """An empty device root; short (an AF_UNIX path under it holds 107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="edge-dr-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
