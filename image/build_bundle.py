@@ -1,7 +1,7 @@
 """Build an OCI runtime bundle of the runtime: ``config.json``, ``rootfs/`` and ``edge-bundle.json``.
 
     edge-bundle build --out DIR [--package DIR] [--engine onnxruntime|torchscript] [--cdi FILE]
-                      [--socket-dir DIR] [--user UID:GID] [--arch ARCH] [--python PATH] [--tcp ADDR]
+                      [--socket-dir DIR] [--user UID:GID] [--arch ARCH] [--python PATH] [--tcp ADDR] [--metrics-dir DIR]
     edge-bundle verify DIR
 
 Steps (docs/bundle.md has the details):
@@ -36,11 +36,11 @@ from pathlib import Path
 
 from edge.errors import PackageError
 from edge.launch import boot_argv, boot_pythonpath_of
-from image.bundle import cdi, oci_config, seccomp
+from image.bundle import cdi, metrics, oci_config, seccomp
 from image.cli_checks import abs_dir, positive_int, tcp_address, user_ids, writable_dir_problem
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
-from image.bundle.package_copy import copy_package, package_files
+from image.bundle.package_copy import copy_package, package_files, package_identity
 from image.bundle.progress import Progress, human_bytes, stop_signals
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
 from image.bundle.limits import UNIT_DROPIN, resource_limits, unit_dropin
@@ -104,14 +104,9 @@ def check_arch(python: str, arch: str) -> str:
     return found
 
 
-def _package_identity(package: Path) -> dict:
-    m = json.loads((package / "manifest.json").read_text())
-    return {k: m.get(k) for k in ("name", "package_sha256", "model_sha256", "tokenizer_sha256")}
-
-
 def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", python: str | None = None,
                  cdi_spec: Path | None = None, cdi_devices: list[str] | None = None,
-                 socket_dir: str = DEFAULT_SOCKET_DIR, user: tuple[int, int] = DEFAULT_USER,
+                 socket_dir: str = DEFAULT_SOCKET_DIR, user: tuple[int, int] = DEFAULT_USER, metrics_dir: str | None = None,
                  arch: str | None = None, tcp: str | None = None, threads: int | None = None,
                  use_strace: str = "auto", force: bool = False, progress: Progress | None = None) -> dict:
     """Write the bundle to ``out``; returns the metadata written to ``edge-bundle.json``."""
@@ -132,6 +127,9 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
     device = "auto" if edits else "cpu"
     jemalloc = _jemalloc(python)
     env = _container_env(python, threads, device, jemalloc)
+    prometheus = metrics.prometheus_client_version(python, env)
+    if metrics_dir and prometheus is None:
+        raise BundleError(f"--metrics-dir needs prometheus_client in {python}'s environment (pip install 'edge[metrics]')")
     boot_args = ["--engine", engine]
     t0 = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -141,8 +139,8 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         with tempfile.TemporaryDirectory(prefix="edge-bundle-trace-") as work:
             # The trace imports the runtime from this (the build) interpreter's view of the
             # environment: the same venv the container will run.
-            trace = trace_boot(python, [*boot_args, "--package", str(package)], Path(work), env,
-                               use_strace=use_strace, progress=progress)
+            trace = trace_boot(python, [*boot_args, "--package", str(package), *metrics.trace_args(work, prometheus)],
+                               Path(work), env, use_strace=use_strace, progress=progress)
         progress.done(f"traced boot: READY after {trace.ready_s:.1f} s, {len(trace.module_files)} modules, "
                       f"{len(trace.mapped)} mapped files")
         refused = seccomp.check_traced(trace.syscalls)
@@ -174,6 +172,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             env=env, uid=user[0], gid=user[1], socket_dir_host=socket_dir, arch=arch,
             memory_bytes=limits["memory_bytes"], pids=limits["pids"], nofile=limits["nofile"],
             share_host_network=bool(tcp), tmp_roots=under_tmp)
+        oci_config.add_metrics_dir(config, metrics_dir)  # nothing without --metrics-dir
         deferred = cdi.merge(config, edits) if edits else []
         rootfs.make_mountpoints(config["mounts"])
         rootfs.write_etc(user[0], user[1], config["process"]["user"].get("additionalGids", []))
@@ -204,7 +203,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             "container_address": config["process"]["args"][-1],
             "health_probe": [trace.executable, "-m", "edge.cli", "health", "--connect", config["process"]["args"][-1]],
             "package": {"path": PACKAGE_PATH, "source": str(package), "bytes": package_bytes,
-                        "files": carried, "left_out": left_out, **_package_identity(package)},
+                        "files": carried, "left_out": left_out, **package_identity(package)},
             "sizes": {
                 "rootfs_bytes": bundle_bytes, "rootfs_files": bundle_files,
                 "runtime_bytes": runtime_bytes, "runtime_files": len(rootfs.copied),
@@ -216,7 +215,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             "seccomp": {"allowed": len(seccomp.ALLOWED), "traced_syscalls": sorted(trace.syscalls)},
             "limits": {**limits, "unit_dropin": UNIT_DROPIN},
             "jemalloc": jemalloc,
-            "ld_so_cache": has_ldcache,
+            "ld_so_cache": has_ldcache, **metrics.metadata(prometheus, metrics_dir),
             "cdi": None if not edits else {
                 "spec": str(cdi_spec), "kind": edits.kind, "devices": edits.devices,
                 "device_nodes": len(config["linux"].get("devices", [])), "mounts": len(edits.mounts),
@@ -363,7 +362,7 @@ def _build(args, progress: Progress) -> int:
     meta = build_bundle(args.out, package=package, engine=args.engine, python=args.python, cdi_spec=args.cdi,
                         cdi_devices=args.cdi_device, socket_dir=args.socket_dir, user=args.user, arch=args.arch,
                         tcp=args.tcp, threads=args.threads, use_strace=args.strace, force=args.force,
-                        progress=progress)
+                        progress=progress, metrics_dir=args.metrics_dir)
     print(json.dumps({k: meta[k] for k in ("address", "socket_dir", "arch", "engine", "sizes")}, indent=2))
     return 0
 
@@ -403,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--python", default=None, help="the environment's interpreter (default: this one)")
     b.add_argument("--tcp", type=tcp_address, default=None, metavar="tcp://HOST:PORT",
                    help="serve TCP on loopback instead of ipc (shares the host network; no CURVE keys in a bundle yet)")
+    b.add_argument("--metrics-dir", type=abs_dir, default=None, help="host directory for the metrics textfile edge.prom")
     b.add_argument("--threads", type=positive_int("threads"), default=None, help="OMP_NUM_THREADS in the container")
     b.add_argument("--strace", choices=("auto", "on", "off"), default="auto", help="also trace syscalls (needs strace)")
     b.add_argument("--force", action="store_true", help="replace DIR if it exists")

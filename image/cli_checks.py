@@ -60,7 +60,7 @@ def user_ids(text: str) -> tuple[int, int]:
 
 def abs_dir(text: str) -> str:
     if not os.path.isabs(text):
-        raise argparse.ArgumentTypeError(f"{text!r}: give an absolute host path, e.g. /run/edge")
+        raise argparse.ArgumentTypeError(f"{text!r}: give an absolute host path, e.g. /run/edge or /var/lib/node_exporter")
     return text
 
 

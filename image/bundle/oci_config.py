@@ -4,7 +4,8 @@ What the runtime gets, and why:
 
 * a read-only root; writable only ``/tmp`` (tmpfs: HOME, so ONNX Runtime's SQLite database
   under ``$HOME/.cache`` lands there) and the socket directory, bind-mounted from the host
-  so host applications reach the ``ipc://`` socket;
+  so host applications reach the ``ipc://`` socket; with ``--metrics-dir``, the metrics
+  directory too (:func:`add_metrics_dir`), where node_exporter reads the textfile;
 * a non-root uid/gid, ``noNewPrivileges``, every capability dropped, a seccomp allowlist;
 * its own pid/ipc/uts/mount namespaces, and its own (empty) network namespace unless the
   runtime is configured for TCP, which needs the host's;
@@ -17,17 +18,18 @@ from __future__ import annotations
 
 from image.bundle import seccomp
 
-__all__ = ["OCI_VERSION", "CONTAINER_SOCKET_DIR", "NOTIFY_DIR", "MOUNTPOINTS", "NOFILE", "PIDS_LIMIT",
-           "MEMORY_HEADROOM", "memory_limit", "runtime_config"]
+__all__ = ["OCI_VERSION", "CONTAINER_SOCKET_DIR", "CONTAINER_METRICS_DIR", "NOTIFY_DIR", "MOUNTPOINTS", "NOFILE",
+           "PIDS_LIMIT", "MEMORY_HEADROOM", "memory_limit", "runtime_config", "add_metrics_dir"]
 
 OCI_VERSION = "1.0.2-dev"  # `runc spec` of runc 1.1.x writes this version
 CONTAINER_SOCKET_DIR = "/run/edge"
+CONTAINER_METRICS_DIR = "/run/edge-metrics"  # --metrics-dir's bind: the runtime writes edge.prom there
 NOTIFY_DIR = "/run/notify"  # where runc bind-mounts its NOTIFY_SOCKET relay (runc 1.1)
 TMP_SIZE = "64m"  # /tmp tmpfs: ORT's database, nothing big (bytes, tmpfs size= syntax)
 SHM_SIZE = "65536k"  # /dev/shm tmpfs (runc spec's default)
 # Directories runc mounts onto; created in the rootfs at build time so runc never has to
 # write into the bundle (it may live on a read-only partition).
-MOUNTPOINTS = ["/proc", "/dev", "/sys", "/tmp", CONTAINER_SOCKET_DIR, NOTIFY_DIR]
+MOUNTPOINTS = ["/proc", "/dev", "/sys", "/tmp", CONTAINER_SOCKET_DIR, CONTAINER_METRICS_DIR, NOTIFY_DIR]
 MIB = 1 << 20
 # Open files, soft = hard: one per client connection. 20,000 held connections must fit; the
 # server caps its connections below the soft limit (edge/ipc/connections.py) and raises the
@@ -89,6 +91,17 @@ def _mounts(socket_dir_host: str) -> list[dict]:
         {"destination": CONTAINER_SOCKET_DIR, "type": "bind", "source": socket_dir_host,
          "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]},
     ]
+
+
+def add_metrics_dir(config: dict, metrics_dir_host: str | None) -> None:
+    """Bind ``metrics_dir_host`` on :data:`CONTAINER_METRICS_DIR` (read-write, as the socket directory)
+    and have the runtime write its textfile there (``EDGE_METRICS_TEXTFILE``, edge/settings.py).
+    Nothing when ``metrics_dir_host`` is None (no ``--metrics-dir``)."""
+    if metrics_dir_host is None:
+        return
+    config["mounts"].append({"destination": CONTAINER_METRICS_DIR, "type": "bind", "source": metrics_dir_host,
+                             "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]})
+    config["process"]["env"].append(f"EDGE_METRICS_TEXTFILE={CONTAINER_METRICS_DIR}")
 
 
 def tmp_bind_mounts(roots: list[str]) -> list[dict]:

@@ -18,6 +18,7 @@ and the bundle's digest covers what is there. docs/bundle.md, "Build".
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 from edge.preload.manifest import MANIFEST_NAME, open_package
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs
 
-__all__ = ["package_files", "copy_package"]
+__all__ = ["package_files", "copy_package", "package_identity"]
 
 
 def package_files(package: Path, engine: str) -> tuple[list[str], list[str]]:
@@ -54,3 +55,9 @@ def copy_package(rootfs: Rootfs, package: Path, files: list[str], progress=None)
         if progress:
             progress.count("copying model package", i, len(files), nbytes)
     return nbytes
+
+
+def package_identity(package: Path) -> dict:
+    """The package's name and hashes, from its manifest (``package`` in ``edge-bundle.json``)."""
+    m = json.loads((Path(package) / MANIFEST_NAME).read_text())
+    return {k: m.get(k) for k in ("name", "package_sha256", "model_sha256", "tokenizer_sha256")}

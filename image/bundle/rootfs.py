@@ -91,9 +91,15 @@ def _startup_files(trace: Trace) -> set[str]:
     return {trace.executable, os.path.join(trace.prefix, "pyvenv.cfg"), os.path.join(stdlib, "os.py")}
 
 
-def _edge_package_files(trace: Trace) -> set[str]:
-    """The whole ``edge`` package (sources and data): modules imported lazily after the trace are there too."""
-    init = next((f for f in trace.module_files.get("edge", []) if f.endswith("__init__.py")), None)
+# Packages copied whole: their modules are imported lazily, after READY (prometheus_client: by the
+# metrics publisher, image/bundle/metrics.py), so the trace may not see them all.
+WHOLE_PACKAGES = ("edge", "prometheus_client")
+
+
+def _package_files(trace: Trace, name: str = "edge") -> set[str]:
+    """The whole ``edge`` package (sources and data): modules imported lazily after the trace are there too.
+    The same for another package ``name`` the traced boot imported (none when it did not)."""
+    init = next((f for f in trace.module_files.get(name, []) if f.endswith("__init__.py")), None)
     if init is None:
         return set()
     return {str(p) for p in Path(init).parent.rglob("*")
@@ -123,11 +129,12 @@ def tmp_roots(trace: Trace) -> list[str]:
 
 
 def select_files(trace: Trace, exclude: list[str], keep_roots: list[str] = ()) -> list[str]:
-    """Regular files (or links to them) to copy: the trace, the startup files, the edge package.
+    """Regular files (or links to them) to copy: the trace, the startup files, :data:`WHOLE_PACKAGES`.
 
     ``keep_roots``: directories under an excluded prefix (/tmp) to copy anyway.
     """
-    wanted = trace.all_paths() | _startup_files(trace) | _edge_package_files(trace) | _programs(trace)
+    wanted = trace.all_paths() | _startup_files(trace) | _programs(trace)
+    wanted |= {f for name in WHOLE_PACKAGES for f in _package_files(trace, name)}
     wanted |= {i for f in list(wanted) if (i := elf_interpreter(f))}
     wanted |= _sibling_links(wanted)
     keep = []
