@@ -113,17 +113,10 @@ class View:
 
 
 def quantile(bounds: list, counts: list, q: float, max_: float | None = None) -> float | None:
-    """Upper bound of the bucket holding the q-quantile, as edge.serving.metrics.Histogram.quantile;
-    ``max_`` answers for the overflow bucket. None when the counts hold nothing."""
-    total = sum(counts)
-    if not total:
-        return None
-    rank, seen = q * total, 0
-    for i, c in enumerate(counts):
-        seen += c
-        if seen >= rank and c:
-            return float(bounds[i]) if i < len(bounds) else max_
-    return max_
+    """The server's own rule (edge.serving.metrics.bucket_quantile) on counts seen here."""
+    from edge.serving.metrics import bucket_quantile
+
+    return bucket_quantile(bounds, counts, q, max_)
 
 
 def interval_histogram(prev: dict | None, cur: dict | None) -> Latency:

@@ -55,6 +55,11 @@ def _plain_state(layout: DeviceLayout) -> dict | None:
     return data
 
 
+def _on_trial(data: dict | None, live: str | None) -> bool:
+    trial = (data or {}).get("trial") or {}
+    return live is not None and trial.get("status") == "on_trial" and trial.get("slot") == live
+
+
 def trial_slot(layout: DeviceLayout) -> str | None:
     """The live slot when it is on trial; None otherwise (nothing installed, committed, rolled back)."""
     try:
@@ -62,8 +67,7 @@ def trial_slot(layout: DeviceLayout) -> str | None:
     except (ValueError, OSError):
         return None
     live, _why = layout.live_slot()
-    trial = (data or {}).get("trial") or {}
-    return live if live is not None and trial.get("status") == "on_trial" and trial.get("slot") == live else None
+    return live if _on_trial(data, live) else None
 
 
 def needs_attention(layout: DeviceLayout) -> bool:
@@ -80,7 +84,7 @@ def needs_attention(layout: DeviceLayout) -> bool:
     live, why = layout.live_slot()
     if why:
         return False  # current is not ours: nothing here can fix it (status says so)
-    return live != data.get("live") or trial_slot(layout) is not None
+    return live != data.get("live") or _on_trial(data, live)
 
 
 def pre_start(layout: DeviceLayout) -> int:

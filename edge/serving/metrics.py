@@ -17,10 +17,25 @@ from typing import Iterable
 
 from edge.errors import ErrorCode
 
-__all__ = ["Histogram", "Metrics", "LATENCY_BOUNDS_MS"]
+__all__ = ["Histogram", "Metrics", "LATENCY_BOUNDS_MS", "bucket_quantile"]
 
 # Upper bounds of the latency buckets (ms); one more bucket counts everything above.
 LATENCY_BOUNDS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+def bucket_quantile(bounds, counts, q: float, max_: float | None) -> float | None:
+    """Upper bound of the bucket holding the q-quantile of ``counts`` (one more than ``bounds``:
+    the last counts everything above, and ``max_`` answers for it). None when they hold nothing.
+    Also what `edge top` computes from two snapshots' count deltas (edge/top.py)."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank, seen = q * total, 0
+    for i, c in enumerate(counts):
+        seen += c
+        if seen >= rank and c:
+            return float(bounds[i]) if i < len(bounds) else max_
+    return max_
 
 
 class Histogram:
@@ -44,14 +59,7 @@ class Histogram:
 
     def quantile(self, q: float) -> float | None:
         """Upper bound of the bucket holding the q-quantile (the max for the last bucket)."""
-        if not self.count:
-            return None
-        rank, seen = q * self.count, 0
-        for i, c in enumerate(self.counts):
-            seen += c
-            if seen >= rank and c:
-                return float(self.bounds[i]) if i < len(self.bounds) else self.max
-        return self.max
+        return bucket_quantile(self.bounds, self.counts, q, self.max)
 
     def snapshot(self) -> dict:
         return {
