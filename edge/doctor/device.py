@@ -14,13 +14,12 @@ import sys
 from pathlib import Path
 
 from edge.doctor.context import Context, read_text
-from edge.install.compat import L4T_RELEASE, l4t_in_range  # the installer's reading of the release
+from edge.l4t import l4t_in_range, l4t_release
+from edge.telemetry.system import parse_power_models
 from edge.doctor.report import Check, Verdict
 
 __all__ = ["check_l4t", "check_module", "check_nvpmodel", "check_clocks", "check_cuda"]
 
-_POWER_MODEL = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)")
-_DEFAULT_MODE = re.compile(r"<\s*PM_CONFIG\s+DEFAULT=(\d+)")
 _GPU_DEVFREQ = re.compile(r"gpu|ga10b|gv11b|gp10b|gm20b")  # Orin, Xavier, TX2, Nano
 REINSTALL = "install a bundle built for this device (edge-bundle install ARCHIVE; docs/update.md)"
 
@@ -42,13 +41,12 @@ def check_l4t(ctx: Context) -> Check:
             return Check("l4t", Verdict.FAIL, f"the installed bundle needs L4T {span}, and there is no "
                                               f"{path} (not a Jetson)", REINSTALL, {"required": want})
         return Check("l4t", Verdict.NA, f"not a Jetson: no {path}")
-    m = L4T_RELEASE.search(text)
+    release = l4t_release(text)
     first = text.strip().splitlines()[0] if text.strip() else ""
-    if m is None:
+    if release is None:
         return Check("l4t", Verdict.WARN, f"{path} does not say which release: {first[:120]!r}",
                      "reflash L4T with NVIDIA's SDK Manager or flash.sh (the release file is part of it)",
                      {"line": first})
-    release = f"{m.group(1)}.{m.group(2)}"
     fields = dict(re.findall(r"(BOARD|EABI|GCID|DATE):\s*([^,]+)", text))
     measured = {"release": release, "line": first, **{k.lower(): v.strip() for k, v in fields.items()}}
     if want and not l4t_in_range(release, want.get("min"), want.get("max")):
@@ -85,9 +83,7 @@ def check_nvpmodel(ctx: Context) -> Check:
         return Check("nvpmodel", Verdict.NA, "not a Jetson: no power modes")
     conf_path, status_path = ctx.path("/etc/nvpmodel.conf"), ctx.path("/var/lib/nvpmodel/status")
     conf, status = read_text(conf_path, 1 << 20), read_text(status_path, 4096)
-    modes = {int(i): name for i, name in _POWER_MODEL.findall(conf or "")}
-    d = _DEFAULT_MODE.search(conf or "")
-    default = int(d.group(1)) if d else None
+    modes, default = parse_power_models(conf or "")
     measured = {"modes": {str(k): v for k, v in modes.items()}, "default": default}
     if conf is None:
         return Check("nvpmodel", Verdict.WARN, f"no {conf_path}: the power modes are not installed",

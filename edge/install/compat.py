@@ -17,17 +17,15 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 
 from edge.elf import elf_machine
+from edge.l4t import l4t_in_range, l4t_release
 from edge.install.errors import Refused
 from edge.install.layout import DeviceLayout
 
-__all__ = ["DeviceFacts", "device_facts", "check_compatible", "check_space", "SPACE_MARGIN", "L4T_RELEASE",
-           "l4t_in_range"]
+__all__ = ["DeviceFacts", "device_facts", "check_compatible", "check_space", "SPACE_MARGIN"]
 
 SPACE_MARGIN = 0.10  # beyond unpacked_bytes: directory blocks, the last block of each file, the manifest
-L4T_RELEASE = re.compile(r"R(\d+)\s*\([^)]*\),\s*REVISION:\s*([\d.]+)")
 
 
 class DeviceFacts:
@@ -53,8 +51,7 @@ def device_facts(layout: DeviceLayout) -> DeviceFacts:
         arch, arch_from = platform.machine(), "uname -m"
     l4t = None
     try:
-        m = L4T_RELEASE.search(layout.nv_tegra_release.read_text(errors="replace"))
-        l4t = f"{m.group(1)}.{m.group(2)}" if m else "unknown"
+        l4t = l4t_release(layout.nv_tegra_release.read_text(errors="replace")) or "unknown"
     except OSError:
         pass
     try:
@@ -62,17 +59,6 @@ def device_facts(layout: DeviceLayout) -> DeviceFacts:
     except OSError:
         compatible = None
     return DeviceFacts(arch, arch_from, l4t, compatible)
-
-
-def _version(text: str) -> tuple[int, ...]:  # "36.3.0" -> (36, 3, 0)
-    return tuple(int(p) for p in text.split(".") if p.isdigit())
-
-
-def l4t_in_range(version: str, low: str | None, high: str | None) -> bool:
-    """``high`` covers its sub-releases: 36.3.0 is within 36.0-36.3. None: unbounded."""
-    v = _version(version)
-    return ((low is None or v[:len(_version(low))] >= _version(low))
-            and (high is None or v[:len(_version(high))] <= _version(high)))
 
 
 def _range(l4t) -> str:

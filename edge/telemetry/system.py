@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import re
 
+from edge.l4t import l4t_release
 from edge.telemetry.sysfs import read_text, shown
 
 __all__ = ["read_device", "read_memory", "read_nvpmodel", "NVPMODEL_CONFS"]
 
 _COMPATIBLE = ("proc/device-tree/compatible", "sys/firmware/devicetree/base/compatible")
 _MODEL = ("proc/device-tree/model", "sys/firmware/devicetree/base/model")
-# "# R36 (release), REVISION: 3.0, GCID: ..." -> L4T 36.3.0
-_RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*(\d+)(?:\.(\d+))?")
 # Where NVIDIA's nvpmodel looks for its configuration, in its order.
 NVPMODEL_CONFS = ("odm/etc/nvpmodel.conf", "vendor/etc/nvpmodel.conf", "etc/nvpmodel.conf")
 _POWER_MODEL = re.compile(r"^<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+?)\s*>", re.M)
@@ -49,9 +48,8 @@ def read_device(root: str = "/", absent: dict | None = None) -> dict:
     out: dict = {"jetson": False, "model": model or None, "l4t": None, "compatible": compatible or None}
     release = os.path.join(root, "etc/nv_tegra_release")
     try:
-        m = _RELEASE.search(read_text(release))
-        out["l4t"] = f"{m.group(1)}.{m.group(2)}.{m.group(3) or 0}" if m else None
-        if m is None:
+        out["l4t"] = l4t_release(read_text(release))
+        if out["l4t"] is None:
             absent["device.l4t"] = f"{shown(root, release)}: no '# R<major> (release), REVISION: <minor>' line"
         release_found = True
     except OSError as exc:
@@ -98,17 +96,21 @@ def read_memory(root: str = "/", jetson: bool = False, absent: dict | None = Non
 _conf_cache: dict[tuple, tuple[dict[int, str], int | None]] = {}  # (path, mtime, size) -> names, default
 
 
+def parse_power_models(text: str) -> tuple[dict[int, str], int | None]:
+    """Mode id -> name and the default id, from an nvpmodel.conf's text (also edge doctor's reading)."""
+    m = _PM_DEFAULT.search(text)
+    return {int(i): name for i, name in _POWER_MODEL.findall(text)}, int(m.group(1)) if m else None
+
+
 def _power_models(path: str) -> tuple[dict[int, str], int | None]:
-    """Mode id -> name and the default id of an nvpmodel.conf (parsed once per version of the file)."""
+    """:func:`parse_power_models` of the file at ``path``, parsed once per version of the file."""
     st = os.stat(path)
     key = (path, st.st_mtime_ns, st.st_size)
     if key not in _conf_cache:
         with open(path, "rb") as f:
             text = f.read(4 << 20).decode("utf-8", "replace")
-        names = {int(i): name for i, name in _POWER_MODEL.findall(text)}
-        m = _PM_DEFAULT.search(text)
         _conf_cache.clear()  # one file is in use at a time
-        _conf_cache[key] = names, int(m.group(1)) if m else None
+        _conf_cache[key] = parse_power_models(text)
     return _conf_cache[key]
 
 
