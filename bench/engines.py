@@ -1,6 +1,7 @@
 """Engine benchmark: map time, anonymous memory, latency, against sentence-transformers.
 
-    python -m bench.engines [--package DIR] [--runs-small 50] [--runs-large 10] [--rounds 5] [--json PATH]
+    python -m bench.engines [--package DIR] [--package-int8 DIR] [--runs-small 50] [--runs-large 10] [--rounds 5]
+                            [--json PATH]
 
 Each engine, and the sentence-transformers baseline, runs in its own fresh process, so one
 library's imports and allocations never count against another; the timed bursts rotate
@@ -15,6 +16,11 @@ between the processes (``--rounds``) so that load from elsewhere hits all of the
 The baseline is ``SentenceTransformer(...).forward`` on the same padded token tensors (model
 compute only, like the engines; no tokenisation). Goals: map <= 100 ms, ratio <= 1.0.
 Prints a table and one summary line, and writes a JSON record.
+
+An int8 package (``edge-package build --quantize int8``; ``--package-int8``, or the package's own
+fallback package when it is one) runs as one more kind, ``onnxruntime-int8``, never judged: the
+size ratio (its model.ort / the full one's) and the speed ratio (its steady-state median / the
+full onnxruntime's, per shape) go in the table, the summary line and the JSON (``int8``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ RATIO_GOAL = 1.0
 ENGINES = ("onnxruntime", "torchscript")  # default settings: what the goals are judged on
 # Shown for the trade-off, not judged: ORT with MLAS pre-packing (faster GEMMs, copies weights).
 VARIANTS = {"onnxruntime+prepacking": ("onnxruntime", {"prepacking": True})}
+INT8 = "onnxruntime-int8"  # the int8 package on the default ORT settings: shown beside the full one, not judged
 
 
 def rss_anon() -> int:
@@ -93,7 +100,7 @@ def _load(kind: str, package: Path):
         from edge.engines import import_engine, load_engine
         from edge.preload.manifest import open_package
 
-        engine_name, options = VARIANTS.get(kind, (kind, {}))
+        engine_name, options = VARIANTS.get(kind, ("onnxruntime", {}) if kind == INT8 else (kind, {}))
         import_engine(engine_name)
         pkg = open_package(package, verify="size")
         import_ms = (time.perf_counter() - t0) * 1e3
@@ -196,9 +203,36 @@ def _ensure_package(path: Path | None) -> Path:
     return path
 
 
+def _int8_package(package: Path, given: Path | None) -> Path | None:
+    """``--package-int8``, else the package's fallback package when it is an int8 one on onnxruntime."""
+    if given is not None:
+        return given
+    m = json.loads((package / "manifest.json").read_text())
+    fb = m.get("fallback") or {}
+    if fb.get("kind") == "package" and fb.get("engine") == "onnxruntime":
+        sub = package / fb["path"]
+        if "quantization" in json.loads((sub / "manifest.json").read_text()):
+            return sub
+    return None
+
+
+def _int8_ratios(full: dict, int8: dict, package: Path, shapes) -> dict:
+    """The int8 package against the full one on onnxruntime: model size and steady-state median per shape."""
+    measured = json.loads((package / "manifest.json").read_text()).get("quantization", {}).get("measured", {})
+    return {"package": str(package), "size_ratio": int8["weight_bytes"] / full["weight_bytes"],
+            "model_bytes": int8["weight_bytes"], "full_model_bytes": full["weight_bytes"],
+            "speed_ratio": {k: int8["latency"][k]["median_ms"] / full["latency"][k]["median_ms"] for k in shapes},
+            "cpu_speed_ratio": {k: int8["latency"][k]["cpu_median_ms"] / full["latency"][k]["cpu_median_ms"]
+                                for k in shapes},
+            "cosine_min": measured.get("cosine_min"), "cosine_mean": measured.get("cosine_mean")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--package", type=Path, help="model package (default: build one under .cache/bench)")
+    parser.add_argument("--package-int8", type=Path, metavar="DIR",
+                        help="an int8 package (edge-package build --quantize int8) to time beside the full one "
+                             "(default: the package's fallback package, when it is one)")
     parser.add_argument("--runs-small", type=int, default=50, help="measured runs at 1x32")
     parser.add_argument("--runs-large", type=int, default=10, help="measured runs at 32x128")
     parser.add_argument("--rounds", type=int, default=5, help="bursts per engine and shape, interleaved")
@@ -213,10 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     package = _ensure_package(args.package)
+    int8_package = _int8_package(package, args.package_int8)
     # Loads run one after another (each measured alone); then the timing bursts rotate
     # between the processes, so a noisy neighbour slows every engine alike.
-    kinds = ["sentence-transformers", *ENGINES, *(VARIANTS if args.variants else ())]
-    children = [_Child(kind, package) for kind in kinds]
+    kinds = ["sentence-transformers", *ENGINES, *(VARIANTS if args.variants else ()), *([INT8] if int8_package else [])]
+    children = [_Child(kind, int8_package if kind == INT8 else package) for kind in kinds]
     rounds = args.rounds
     for r in range(rounds):
         for shape, total in runs.items():
@@ -250,12 +285,23 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} x{r['ratio'][k]:.2f} (cpu x{r['cpu_ratio'][k]:.2f})" for k in runs)
         for r in records[1:]
     )
+    int8 = None
+    if int8_package:
+        by_kind = {r["kind"]: r for r in records}
+        int8 = _int8_ratios(by_kind["onnxruntime"], by_kind[INT8], int8_package, runs)
+        ratios = (f"int8 / full (onnxruntime): size x{int8['size_ratio']:.2f}, "
+                  + ", ".join(f"{k} x{int8['speed_ratio'][k]:.2f} (cpu x{int8['cpu_speed_ratio'][k]:.2f})"
+                              for k in runs))
+        print(f"{'':24}{ratios}")
+        summary += f" | {ratios}"
     goals = (f"goals of the default engines (map <= {MAP_GOAL_MS:.0f} ms, ratio <= {RATIO_GOAL}): "
              f"{'met' if ok else 'NOT met'}")
     print(f"engines: {summary} | {goals} | load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "package": str(package), "cpus": os.cpu_count(),
               "load_avg": os.getloadavg(), "records": records, "goals_met": ok}
+    if int8 is not None:
+        record["int8"] = int8
     args.json.write_text(json.dumps(record, indent=2))
     print(f"wrote {args.json}")
     return 0

@@ -84,13 +84,14 @@ def import_server():
 
 def lineage_of(manifest, engine):
     """What every reply names as its origin, built once: package, engine, code, bundle."""
-    from edge import __version__
     from edge.ipc.protocol import Lineage
     from edge.settings import bundle_sha256
+    from edge.version import __version__, code_commit  # reads a few small files, no subprocess (~0.2 ms)
 
     return Lineage(model=manifest.name, model_sha256=manifest.model_sha256,
                    tokenizer_sha256=manifest.tokenizer_sha256, package_sha256=manifest.package_sha256,
-                   bundle_sha256=bundle_sha256(), engine=engine.name, device=engine.device, edge_version=__version__)
+                   bundle_sha256=bundle_sha256(), engine=engine.name, device=engine.device, edge_version=__version__,
+                   edge_commit=code_commit())
 
 
 def _snapshot_point(args, pkg, bind: str, timeline: Timeline, stop) -> Timeline | None:
@@ -168,10 +169,25 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
 
     server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
                                   curve=server_curve(args.keys, bind))
-    stages.run(server.bind, setting="--bind ADDR", address=bind)
+    from edge.journal.writer import open_journal  # its queue takes replies at once; its thread starts after READY
+
+    server.journal = open_journal(args, lineage.as_dict())
+    stages.run(server.bind, setting=lambda: _bind_setting(bind), address=bind)  # computed only if it fails
     stages.run(server.start, setting="--bind ADDR")
     timeline.mark_ready()
     return server, {"bind": bind, "package": str(package_dir), "lineage": lineage.as_dict()}
+
+
+def _bind_setting(bind: str) -> str:
+    """What to change when bind fails: ``--bind ADDR``; under a bundle, whose address is not its
+    user's to change, the socket directory, its owner and the fix (edge/socket_dir.py)."""
+    from edge.settings import bundle_sha256, bundle_socket_dir
+
+    if not bundle_sha256() or not bind.startswith("ipc://"):
+        return "--bind ADDR"
+    from edge.socket_dir import bind_advice
+
+    return bind_advice(os.path.dirname(bind[len("ipc://"):]), bundle_socket_dir())
 
 
 # ------------------------------------------------------------------ the process
@@ -251,6 +267,14 @@ def _raise_open_files_limit() -> tuple[int, int]:
     return soft, soft
 
 
+def _stop_journal(server, timeout_s: float = 3.0) -> None:
+    """Write the journal's queued entries (the drain's replies included) and close it."""
+    if server.journal is not None and not server.journal.stop(timeout_s):
+        from edge.log import log
+
+        log("journal.stop_timeout", level="warning", queued=server.journal.info()["queued"], timeout_s=timeout_s)
+
+
 def serve(args) -> int:
     _quiet_numpy_blas(args.engine)
     _, open_files = _raise_open_files_limit()
@@ -284,7 +308,9 @@ def serve(args) -> int:
     if stop.is_set():  # SIGTERM while booting: stop without announcing a readiness nobody will use
         log("shutdown.before_ready", **record)
         server.request_drain()
-        return 0 if server.wait(_drain_wait_s(args)) else 1
+        drained = server.wait(_drain_wait_s(args))
+        _stop_journal(server)
+        return 0 if drained else 1
     log("boot.ready", **record)
     _write_timeline(_timeline_path(args, info["bind"]), record)
     lineage = info["lineage"]
@@ -301,6 +327,8 @@ def serve(args) -> int:
     from edge.metrics_publish import start_metrics  # after READY: prometheus_client's import costs ~60-100 ms
 
     metrics = start_metrics(args, server)
+    if server.journal is not None:  # after READY: the writer creates its directories and lists segments
+        server.journal.start()
     while not stop.wait(1.0):
         pass
     log("shutdown.draining", drain_timeout_s=args.drain_timeout)
@@ -309,6 +337,7 @@ def serve(args) -> int:
     drained = server.wait(_drain_wait_s(args))
     if telemetry is not None:
         telemetry.stop()
+    _stop_journal(server)  # before the last metrics write, which then counts every entry
     if metrics is not None:  # a last write: the file says stopped, with the final counts
         metrics.stop()
     log("shutdown.done", drained=drained)

@@ -1,7 +1,7 @@
 """``edge`` command line: ``serve`` (the runtime), ``embed``/``health``/``stats`` (a client),
 ``selftest`` (the updater's health gate, ``edge/selftest.py``), ``top`` (a live view,
-``edge/top.py``), ``doctor`` (the technician's check, ``edge/doctor/``) and ``keys generate``
-(CURVE keys for tcp://, ``edge/keys.py``).
+``edge/top.py``), ``doctor`` (the technician's check, ``edge/doctor/``), ``keys generate``
+(CURVE keys for tcp://, ``edge/keys.py``) and ``trace`` (a reply's journal entry, ``edge/trace.py``).
 
 No user mistake prints a traceback: every error is one line on stderr naming what is wrong
 and what to change, and the exit status says which kind it was (:data:`EXIT_CODES`).
@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     from edge.keys import add_parser as add_keys_parser
 
     add_keys_parser(sub, _EPILOG)
+    from edge.trace import add_arguments as add_trace_arguments
+
+    add_trace_arguments(sub)
     return ap
 
 
@@ -255,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
             return _with_address(args, run)
         if args.command == "doctor":
             return _doctor(args)
+        if args.command == "trace":
+            from edge.trace import run
+
+            return run(args)
         return _client(args)
     except KeyboardInterrupt:
         sys.stderr.write("edge: interrupted\n")

@@ -25,9 +25,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from edge.errors import ErrorCode
+from edge.serving.metrics import PHASES
 
 __all__ = ["EdgeCollector", "render", "snapshot_families", "queue_families", "boot_families", "build_info",
-           "telemetry_families", "registry_for", "LINEAGE_LABELS"]
+           "telemetry_families", "journal_families", "registry_for", "LINEAGE_LABELS"]
 
 # Error codes a reply can carry (1xxx-3xxx): exported at 0 from the start, so that a rate()
 # over them has a series before the first error. Boot codes (4xxx) never reach the wire.
@@ -40,15 +41,66 @@ _STATES = ("booting", "ready", "draining", "stopped")  # edge.ipc.server.Lifecyc
 # ------------------------------------------------------------------ Metrics.snapshot()
 
 
-def _histogram(name: str, doc: str, h: dict, scale: float = 1.0) -> HistogramMetricFamily:
-    """A snapshot histogram (per-bucket counts, last one above every bound) as cumulative
-    ``_bucket`` samples; ``scale`` converts its unit (ms -> s: 0.001)."""
+def _cumulative(h: dict, scale: float = 1.0) -> list[tuple[str, int]]:
+    """A snapshot histogram's per-bucket counts (the last one above every bound) as cumulative
+    ``(le, count)`` pairs; ``scale`` converts its unit (ms -> s: 0.001)."""
     buckets, seen = [], 0
     for bound, c in zip(list(h["bounds"]) + [math.inf], h["counts"]):
         seen += c
         le = "+Inf" if bound == math.inf else floatToGoString(round(bound * scale, 9))
         buckets.append((le, seen))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h["sum"] * scale)
+    return buckets
+
+
+def _histogram(name: str, doc: str, h: dict, scale: float = 1.0) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=_cumulative(h, scale), sum_value=h["sum"] * scale)
+
+
+def _phase_histogram(lat: dict) -> HistogramMetricFamily:
+    """The phases of answered infer requests (load, transfer, forward, post; docs/trace.md), one
+    labelled family: they add up to edge_request_duration_seconds."""
+    fam = HistogramMetricFamily("edge_request_phase_seconds", "Per answered infer request, by phase: load (arrival "
+                                "to the engine loop: decode, tokenize), transfer (waiting for its batch, staging), "
+                                "forward (the engine), post (batch end to reply sent)", labels=["phase"])
+    for phase in PHASES:
+        if lat.get(phase):
+            fam.add_metric([phase], _cumulative(lat[phase], 0.001), lat[phase]["sum"] * 0.001)
+    return fam
+
+
+def journal_families(info: dict | None) -> Iterator[Metric]:
+    """The request journal (docs/trace.md): ``info`` is :meth:`edge.journal.writer.Journal.info`,
+    None when the runtime keeps no journal (every family is still there, at 0)."""
+    info = info or {}
+    rej = info.get("rejected") or {}
+    g = GaugeMetricFamily("edge_journal_enabled", "1 while the request journal writes entries (0: off, or turned off "
+                          "by a write error)")
+    g.add_metric([], 1 if info.get("enabled") else 0)
+    yield g
+    c = CounterMetricFamily("edge_journal_entries_written_total", "Journal entries written (one per reply)")
+    c.add_metric([], info.get("entries_written", 0))
+    yield c
+    c = CounterMetricFamily("edge_journal_entries_dropped_total", "Journal entries not written: queue_full (the "
+                            "writer fell behind), disabled (after a write error), too_large", labels=["reason"])
+    for reason in ("queue_full", "disabled", "too_large"):
+        c.add_metric([reason], (info.get("dropped_by_reason") or {}).get(reason, 0))
+    yield c
+    c = CounterMetricFamily("edge_journal_write_errors_total", "Failed journal or rejected-sample writes")
+    c.add_metric([], info.get("write_errors", 0))
+    yield c
+    for name, doc, value in (("edge_journal_bytes", "Bytes of the journal's segment files (never above the cap)",
+                              info.get("bytes", 0)),
+                             ("edge_journal_max_bytes", "The journal's cap (--journal-max-bytes)",
+                              info.get("max_bytes", 0)),
+                             ("edge_journal_segments", "Segment files of the journal", info.get("segments", 0)),
+                             ("edge_rejected_samples", "Rejected requests' payloads kept (--keep-rejected)",
+                              rej.get("kept", 0))):
+        g = GaugeMetricFamily(name, doc)
+        g.add_metric([], value)
+        yield g
+    c = CounterMetricFamily("edge_rejected_samples_written_total", "Rejected requests' payloads written")
+    c.add_metric([], rej.get("written", 0))
+    yield c
 
 
 def _batch_size_histogram(sizes: dict, caps: Iterable[int]) -> HistogramMetricFamily:
@@ -101,6 +153,7 @@ def snapshot_families(snap: dict, caps: Iterable[int] = ()) -> Iterator[Metric]:
     yield _histogram("edge_batch_compute_seconds", "Per batch: the engine's run time", lat["compute"], 0.001)
     yield _histogram("edge_request_duration_seconds", "Per answered infer request: arrival to the reply handed "
                      "to the socket", lat["total"], 0.001)
+    yield _phase_histogram(lat)
     batches = snap["batches"]
     per_bucket = {
         "batches": ("edge_batches_total", "Batches the engine ran, by bucket (tokens per row)"),
@@ -308,6 +361,8 @@ class EdgeCollector:
         yield from snapshot_families(server.metrics.snapshot(), caps)
         yield from queue_families(core.admission.info(), {b: core.scheduler.queued(b) for b in core.shapes.buckets})
         yield state_family(server.state.value)
+        journal = getattr(server, "journal", None)
+        yield from journal_families(journal.info() if journal is not None else None)
         yield build_info(server.lineage.as_dict())
         try:
             yield from boot_families(server.timeline() if server.timeline else None)

@@ -21,8 +21,10 @@ class Stages:
     def __init__(self, timeline: Timeline) -> None:
         self.timeline = timeline
 
-    def run(self, fn, *args, setting: str, **info):
-        """``fn(*args)`` as the stage ``fn.__name__``; ``setting`` names what to change if it fails."""
+    def run(self, fn, *args, setting, **info):
+        """``fn(*args)`` as the stage ``fn.__name__``; ``setting`` names what to change if it fails:
+        a string, or a function that returns it, called only then (a text that costs a stat or an
+        import is paid by a failed boot alone)."""
         name = fn.__name__
         try:
             with self.timeline.stage(name, **info):
@@ -33,9 +35,15 @@ class Stages:
             raise stage_error(name, exc, setting) from exc
 
 
-def stage_error(stage: str, exc: BaseException, setting: str) -> BootError:
+def stage_error(stage: str, exc: BaseException, setting) -> BootError:
     """``exc`` as a BootError of ``stage``: the boot stage's name wins over a library's own
-    label, so the timeline, the log and systemd's status all name the same stage."""
+    label, so the timeline, the log and systemd's status all name the same stage. ``setting``:
+    a string, or a function that returns one (:meth:`Stages.run`)."""
+    if callable(setting):
+        try:
+            setting = setting()
+        except Exception as err:  # noqa: BLE001 - the advice must never hide the stage's own error
+            setting = f"(no advice: {type(err).__name__}: {err})"
     if isinstance(exc, BootError):
         exc.stage = stage
         exc.setting = setting if not exc.setting or exc.setting in setting else f"{setting}; {exc.setting}"

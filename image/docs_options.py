@@ -96,6 +96,7 @@ COMMANDS = [
     Command("python -m bench.health_load", "bench.health_load", "benchmarks.md#health-under-load-benchhealth_loadpy"),
     Command("python -m bench.textmix", "bench.textmix", "benchmarks.md#the-text-mix"),
     Command("python -m bench.telemetry_stats", "bench.telemetry_stats", "telemetry.md#benchmark"),
+    Command("python -m bench.journal_lookup", "bench.journal_lookup", "trace.md#benchmark"),
     Command("python -m bench.glue_server", "bench.glue_server", "benchmarks.md#serve-benchservepy"),
     Command("python -m image.bundle.measure", "image.bundle.measure",
             "bundle.md#start-time-the-bundle-under-runc-vs-a-plain-process"),

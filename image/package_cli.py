@@ -14,10 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edge.errors import PackageError
+from edge.preload.fallback import FALLBACK_DEVICES, FALLBACK_ENGINES
 from edge.preload.manifest import MANIFEST_NAME
 from image.bundle.progress import stop_signals
 from image.cli_checks import writable_dir_problem
 from image.package import BuildSteps, build_package, compare_builds
+from image.quantize import QUANTIZE_CHOICES, REPORT_FILE, FallbackMismatch, fallback_problem, fallback_request
 
 __all__ = ["main", "EXIT_CODES"]
 
@@ -26,7 +29,8 @@ EXIT_CODES = {
     0: "the package was built (with --check-determinism: and a second build matched it byte for byte)",
     1: "--check-determinism: the second build differs (the files are listed)",
     2: "usage error, or unusable input: --out cannot be written or holds something else, "
-       "a --prune-corpus file cannot be read",
+       "a --prune-corpus file cannot be read, the --fallback-* options name a fallback that cannot stand in "
+       "(not a valid package, no files for the engine, another tokenizer, a torchscript fallback of an int8 package)",
     3: "the build failed (the message names the step), or the build extras are not installed",
     130: "interrupted (Ctrl-C): nothing was written, a package already at --out is kept",
     143: "terminated (SIGTERM): nothing was written, a package already at --out is kept",
@@ -37,6 +41,13 @@ _PLATFORM_HELP = (
     "the converter leaves out its x86-only NCHWc layout rewrites, so the file loads on arm64 and x86-64 "
     "alike. amd64: allows them; such a model.ort is for x86-64 hosts only and may not load on a Jetson. "
     "The manifest records the choice (engines.onnxruntime.ort_target_platform)")
+_QUANTIZE_HELP = (
+    "int8: quantize the ONNX Runtime model's weights to int8 (onnxruntime.quantization, dynamic) and measure it "
+    "against the full model on the parity texts (manifest: quantization; timings in quantization.json). The "
+    "package carries the onnxruntime engine only; the build fails if its worst cosine is under 0.99")
+_FALLBACK_HELP = (
+    "a package to serve when this one cannot (e.g. one built with --quantize int8): copied into this package as "
+    "fallback/ and pinned by its package_sha256 (manifest: fallback). Same source and tokenizer as this package")
 
 
 def _out_problem(out: Path) -> str | None:
@@ -77,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--prune-corpus", nargs="+", type=Path, metavar="FILE",
                    help="domain text files; prune the vocabulary and the embedding rows to what they need")
     b.add_argument("--ort-target-platform", choices=("arm", "amd64"), default="arm", help=_PLATFORM_HELP)
+    b.add_argument("--quantize", choices=QUANTIZE_CHOICES, help=_QUANTIZE_HELP)
+    b.add_argument("--fallback-package", type=Path, metavar="DIR", help=_FALLBACK_HELP)
+    b.add_argument("--fallback-engine", choices=FALLBACK_ENGINES,
+                   help="the fallback's engine (default: onnxruntime, if the fallback has it). Without "
+                        "--fallback-package: this package's own weights on that engine")
+    b.add_argument("--fallback-device", choices=FALLBACK_DEVICES,
+                   help="the fallback's device (default: cpu, when any --fallback-* option is given): on a Jetson, "
+                        "the CPU when the GPU path hangs or throttles")
     b.add_argument("--check-determinism", action="store_true",
                    help="build a second time beside --out and report files that differ (exit 1 if any)")
     args = parser.parse_args(argv)
@@ -90,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail(f"{stopped.word}; nothing half-written was left at or beside {out}", stopped.exit_code)
             if isinstance(exc, FileExistsError):  # --out filled by someone else meanwhile
                 return _fail(f"{exc}: give a new or empty --out", 2)
+            if isinstance(exc, FallbackMismatch):  # found once the tokenizer is compiled, seconds in
+                return _fail(str(exc), 2)
             step = f" at step {BuildSteps.last}" if BuildSteps.last else ""
             return _fail(f"the build failed{step}: {type(exc).__name__}: {exc}\n"
                          f"nothing half-written was left at or beside {out}", 3)
@@ -102,20 +123,40 @@ def _checked_build(out: Path, args) -> int:
     problem = _out_problem(out) or _corpus_problem(args.prune_corpus or [])
     if problem:
         return _fail(problem, 2)
+    try:
+        fallback = fallback_request(args.fallback_package, args.fallback_engine, args.fallback_device)
+    except PackageError as exc:
+        return _fail(f"--fallback-package {args.fallback_package} is not a usable model package: {exc}", 2)
+    engines = ["onnxruntime"] if args.quantize else ["onnxruntime", "torchscript"]
+    problem = fallback and fallback_problem(fallback, out, engines)
+    if problem:
+        if args.quantize and fallback["engine"] == "torchscript" and not fallback["package"]:
+            problem = ("--fallback-engine torchscript: a --quantize int8 package carries the onnxruntime engine only; "
+                       "give a --fallback-package that has torchscript files, or leave out --quantize")
+        return _fail(problem, 2)
+    options = {"prune_corpus": args.prune_corpus, "ort_target_platform": args.ort_target_platform,
+               "quantize": args.quantize, "fallback": fallback}
     from edge.default_package import missing_build_modules
 
     missing = missing_build_modules()
     if missing:
         return _fail(f"the build extras are not installed here (missing: {', '.join(missing)}); "
                      f"install them with `pip install 'edge[build]'`", 3)
-    out = build_package(out, prune_corpus=args.prune_corpus, ort_target_platform=args.ort_target_platform)
+    out = build_package(out, **options)
     manifest = json.loads((out / MANIFEST_NAME).read_text())
-    print(json.dumps({"package": str(out), "name": manifest["name"], "package_sha256": manifest["package_sha256"],
-                      "files": {n: e["size"] for n, e in manifest["files"].items()}}, indent=2))
+    summary = {"package": str(out), "name": manifest["name"], "package_sha256": manifest["package_sha256"],
+               "files": {n: e["size"] for n, e in manifest["files"].items()}}
+    if "quantization" in manifest:
+        summary["quantization"] = manifest["quantization"]["measured"]
+        report = out / REPORT_FILE  # the timings: in no hash, beside the manifest
+        if report.is_file():
+            summary["quantization_timings"] = json.loads(report.read_text())
+    if "fallback" in manifest:
+        summary["fallback"] = manifest["fallback"]
+    print(json.dumps(summary, indent=2))
     if args.check_determinism:
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            again = build_package(Path(tmp) / "again", prune_corpus=args.prune_corpus,
-                                  ort_target_platform=args.ort_target_platform)
+            again = build_package(Path(tmp) / "again", **options)
             diff = compare_builds(out, again)
         print(json.dumps({"nondeterministic": diff}, indent=2))
         return 1 if diff else 0

@@ -289,3 +289,38 @@ def _prune_bundles(cache: Path, keep: str) -> None:
                 continue
             shutil.rmtree(cache / key, ignore_errors=True)
             lock_path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- the int8 package
+#
+# Built with the full package's key (same source, builder and tools) plus the code only the
+# int8 build runs, into that key's directory: ``_drop_stale`` keeps or drops both together.
+_INT8_CODE = ["image/quantize.py", "edge/preload/fallback.py", "tests/engines/sentences.py"]
+
+
+@pytest.fixture(scope="session")
+def minilm_int8_package() -> Path:
+    """Directory of the MiniLM package built with ``--quantize int8`` (~20 s, cached like
+    ``minilm_package``); treat it as read-only."""
+    from edge.errors import PackageError
+    from edge.preload.manifest import open_package
+    from image.package import build_package
+
+    cache = REPO / ".cache" / "packages"
+    cache.mkdir(parents=True, exist_ok=True)
+    key = _package_key()
+    h = hashlib.sha256()
+    for name in _INT8_CODE:
+        h.update(name.encode() + b"\0" + (REPO / name).read_bytes())
+    out = cache / key / f"minilm-int8-{h.hexdigest()[:12]}"
+    with open(cache / f"{key}.lock", "w") as lock:  # the key's lock: one build of the key's packages at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            open_package(out, verify="size")
+        except PackageError:
+            build_package(out, quantize="int8")
+            open_package(out, verify="full")
+            for old in out.parent.glob("minilm-int8-*"):  # the int8 builds of older quantize code
+                if old != out:
+                    shutil.rmtree(old, ignore_errors=True)
+    return out

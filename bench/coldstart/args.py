@@ -12,7 +12,8 @@ from pathlib import Path
 
 from bench.coldstart import report as R
 
-__all__ = ["DEFAULT_TEXT", "EXIT_CODES", "DESCRIPTION", "UsageError", "parse_args", "check_paths"]
+__all__ = ["DEFAULT_TEXT", "EXIT_CODES", "DESCRIPTION", "UsageError", "parse_args", "check_paths",
+           "package_budget_ms", "resolve_budget"]
 
 DESCRIPTION = (
     "``edge-coldstart``: does this device boot within budget, which phase costs what, and how it\n"
@@ -24,7 +25,8 @@ EXIT_CODES = {
     1: "FAIL: the median is over the budget, a run gave no correct reply, or the burn-in failed (the message "
        "says why)",
     2: "usage error, or unusable input: --package/--bundle/--model-dir/--compare that is not what it should be, "
-       "a --json/--chart that cannot be written, --bundle or --snapshot without root",
+       "a --json/--chart that cannot be written, --bundle or --snapshot without root; --unit where the unit is not "
+       "installed, systemd is not PID 1 or not as root (the message says which mode to use instead)",
     3: "the benchmark itself failed (an error of the tool, or the default package could not be built)",
     130: "interrupted (Ctrl-C): the runs were stopped, no record written",
     143: "terminated (SIGTERM): the runs were stopped, no record written",
@@ -43,6 +45,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", choices=("warm", "cold"), default="warm",
                    help="warm: files in the page cache; cold: evicted before every start")
     p.add_argument("--bundle", type=Path, help="measure this OCI bundle via `runc run` (as root) instead of a process")
+    p.add_argument("--unit", nargs="?", const="edge", metavar="NAME",
+                   help="measure the installed service as the device starts it: `systemctl restart NAME` (default "
+                        "edge) to the first reply, through ExecStartPre, edge-supervise, runc (or a snapshot "
+                        "restore) and the runtime (as root, systemd as PID 1; docs/field.md)")
     p.add_argument("--snapshot", action="store_true",
                    help="measure restores of the bundle's snapshot (runc restore, CRIU >= 4.1), alternating with fresh "
                         "`runc run`s of the same bundle; the snapshot is taken first when missing or stale (as root; "
@@ -51,8 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="--bundle/--snapshot: run the containers with RLIMIT_NOFILE at most N (default: the bundle's, "
                         "lowered to this process's hard limit where root cannot raise it)")
     p.add_argument("--package", type=Path, help="model package (default: edge's default package, built on first use)")
-    p.add_argument("--budget-ms", type=float, default=R.DEFAULT_BUDGET_MS,
-                   help=f"boot budget: median exec to first reply (default {R.DEFAULT_BUDGET_MS:.0f} ms)")
+    p.add_argument("--budget-ms", type=float, default=None,
+                   help="boot budget: median exec (--unit: restart request) to first reply (default: the package's "
+                        f"selftest.boot_budget_ms, else {R.DEFAULT_BUDGET_MS:.0f} ms)")
     p.add_argument("--json", type=Path, help="JSON record (default ./edge-coldstart-<mode>-<engine>-<cache>.json)")
     p.add_argument("--chart", type=Path, help="PNG chart (default: beside the JSON record)")
     p.add_argument("--drop-caches", action="store_true",
@@ -70,13 +77,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
-    if not args.budget_ms > 0:
+    if args.unit is not None:
+        clash = [f for f, v in (("--bundle", args.bundle), ("--snapshot", args.snapshot), ("--package", args.package),
+                                ("--nofile", args.nofile), ("--runtime-arg", args.runtime_arg)) if v]
+        if clash:
+            p.error(f"--unit times the installed service as it is configured; {', '.join(clash)} cannot apply to it "
+                    f"(leave {'them' if len(clash) > 1 else 'it'} out, or drop --unit)")
+    if args.budget_ms is not None and not args.budget_ms > 0:
         p.error(f"--budget-ms {args.budget_ms:g}: give a number of milliseconds above 0")
     if args.nofile is not None and args.nofile < 64:
         p.error(f"--nofile {args.nofile}: give at least 64 (the runtime needs a few dozen descriptors to boot)")
     if not args.timeout_s > 0:
         p.error(f"--timeout-s {args.timeout_s:g}: give a number of seconds above 0")
     return args
+
+
+def package_budget_ms(manifest_path: Path) -> float | None:
+    """A package's boot budget (``selftest.boot_budget_ms`` of its manifest), when it names one."""
+    try:
+        return float(json.loads(manifest_path.read_text())["selftest"]["boot_budget_ms"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def resolve_budget(args: argparse.Namespace, manifest_path: Path | None) -> float:
+    """--budget-ms, else the package's own budget, else the default; kept in ``args``."""
+    if args.budget_ms is None:
+        args.budget_ms = (package_budget_ms(manifest_path) if manifest_path else None) or R.DEFAULT_BUDGET_MS
+    return args.budget_ms
 
 
 class UsageError(Exception):

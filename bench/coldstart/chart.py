@@ -6,17 +6,23 @@ from pathlib import Path
 
 __all__ = ["write_chart"]
 
+# bench/coldstart/unit_runs.py UNIT_PHASES (not imported: it would load the client, zmq and msgpack)
+UNIT_PHASES = ("stop", "systemd_to_supervisor", "supervisor_to_runc", "runc_to_exec", "runtime_boot",
+               "ready_to_reply")
+
 
 def _rows(runs: list[tuple[int, dict]]) -> list[tuple[str, list, list]]:
     """(label, serial phases, overlapped phases) of (run number, run); each phase (name, start_ms, end_ms)."""
     rows = []
     for i, run in runs:
         overlapped = {s["stage"] for s in (run.get("timeline") or {}).get("stages") or [] if s.get("overlapped")}
+        unit = run.get("kind") == "unit"  # --unit: the service's phases on the bar, the runtime's stages under it
         serial, side = [], []
         for name, span in (run.get("phases") or {}).items():
             if not span:
                 continue
-            (side if name in overlapped else serial).append((name, span[0], span[1]))
+            beside = name not in UNIT_PHASES if unit else name in overlapped
+            (side if beside else serial).append((name, span[0], span[1]))
         rows.append((f"run {i}  {run['total_ms']:.0f} ms", serial, side))
     return rows
 
@@ -64,7 +70,8 @@ def write_chart(record: dict, path: Path) -> str | None:
                 ax.barh(y + 0.38, b - a, left=a, height=0.16, color=colour[n])
         ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("ms since restore" if snap and kind == "runtime" else "ms since exec")
+        ax.set_xlabel("ms since restore" if snap and kind == "runtime" else
+                      "ms since the restart request" if cfg.get("unit") and kind == "runtime" else "ms since exec")
         ax.set_title(f"{titles[kind]}, {cfg['cache']} cache", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]

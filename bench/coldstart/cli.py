@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from bench.coldstart import cache as C
-from bench.coldstart.args import EXIT_CODES, UsageError, check_paths, parse_args
+from bench.coldstart.args import EXIT_CODES, UsageError, check_paths, parse_args, resolve_budget
 from bench.coldstart import launch as L
 from bench.coldstart import report as R
 from bench.coldstart.client import RECONNECT_IVL_MS
@@ -40,6 +40,7 @@ from bench.coldstart.machine import load_average, machine_facts
 from bench.coldstart.runtime_runs import bundle_contract, check_address_free, run_bundle, run_runtime
 from bench.coldstart.script_runs import run_baseline, run_import_probe
 from bench.coldstart import snapshot_runs as SR
+from bench.coldstart import unit_runs as U
 from edge.default_package import PackageBuildError
 from edge.launch import boot_env, compile_bytecode
 from image.bundle.progress import stop_signals
@@ -78,27 +79,13 @@ def _package_facts(pkg: Path) -> dict:
             "files": {k: v.get("sha256") for k, v in (m.get("files") or {}).items()}}
 
 
-def _bundle_mount_sources(bundle: Path) -> list[Path]:
-    try:
-        cfg = json.loads((bundle / "config.json").read_text())
-    except (OSError, ValueError):
-        return []
-    out = []
-    for m in cfg.get("mounts") or []:
-        src = m.get("source") or ""
-        if "bind" in (m.get("options") or []) or m.get("type") == "bind":
-            p = Path(src) if os.path.isabs(src) else bundle / src
-            if p.exists() and not str(p).startswith(("/proc", "/sys", "/dev", "/run", "/tmp")):
-                out.append(p)
-    return out
-
-
 class Bench:
     """One invocation: burn-in, the eviction set, N alternating runs, the record."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.mode = "snapshot" if args.snapshot else "bundle" if args.bundle else "process"
+        self.mode = "unit" if args.unit else "snapshot" if args.snapshot else "bundle" if args.bundle else "process"
+        self.target: U.UnitTarget | None = None  # --unit: what the service runs
         self.workroot = Path(tempfile.mkdtemp(prefix="edge-coldstart-"))
         self.evict_set = C.EvictionSet()
         self.reference = None
@@ -115,6 +102,8 @@ class Bench:
 
     def _start(self, i: int) -> L.RunResult:
         wd = self.workroot / f"runtime-{i}"
+        if self.target is not None:
+            return U.run_unit(self.target, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
         if self.args.snapshot:
             return SR.run_restore(self.args.bundle, wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
         if self.args.bundle:
@@ -163,6 +152,8 @@ class Bench:
     def _evict(self) -> dict | None:
         if self.args.cache != "cold":
             return None
+        if self.target is not None:
+            U.stop_unit(self.target.unit)  # a live runtime keeps the pages it maps: start a stopped unit
         if self.args.drop_caches:
             note = C.drop_caches()
             if note is None:
@@ -178,7 +169,7 @@ class Bench:
         _say(self.args, "burn-in: reference embedding from sentence-transformers (untimed)...")
         base = self._baseline(0, list_files=cold)
         self.reference = L.decode_f32le(__import__("base64").b64decode(base.embedding_b64))
-        if not self.args.bundle:
+        if not (self.args.bundle or self.target):
             n = compile_bytecode()
             self.cache_info["bytecode"] = f"edge's {n} modules byte-compiled before the runs, as a bundle ships them"
             _say(self.args, f"burn-in: byte-compiled the runtime's {n} modules, as a bundle ships them")
@@ -198,11 +189,17 @@ class Bench:
     def _build_evict_set(self, rt: L.RunResult, base: L.RunResult, probe) -> None:
         s = self.evict_set
         runtime_files: list[str] = list(rt.mapped_files)
-        if not self.args.bundle:
+        if not (self.args.bundle or self.target):
             runtime_files += self._traced_files()
-        if self.args.bundle:
+        if self.target is not None:
+            for name, tree in self.target.evict_trees().items():
+                s.add_tree(name, tree) if tree.is_dir() else s.add(name, [str(tree)])
+            for src in U.bundle_mount_sources(self.target.bundle):
+                s.add_tree("bundle_mounts", src) if src.is_dir() else s.add("bundle_mounts", [str(src)])
+            s.add("runc", [shutil.which("runc") or "", shutil.which("criu") or ""])
+        elif self.args.bundle:
             s.add_tree("bundle", self.args.bundle)
-            for src in _bundle_mount_sources(self.args.bundle):
+            for src in U.bundle_mount_sources(self.args.bundle):
                 s.add_tree("bundle_mounts", src) if src.is_dir() else s.add("bundle_mounts", [str(src)])
             root = (self.args.bundle / json.loads((self.args.bundle / "config.json").read_text())["root"]["path"])
             if not root.resolve().is_relative_to(self.args.bundle.resolve()):
@@ -231,7 +228,7 @@ class Bench:
         size = sum(self.evict_set.files[f] for f in self._runtime_files)
         self.cache_info["runtime_files_check"] = {"files": len(self._runtime_files), "bytes": size,
                                                   "resident_before": before, "resident_after": after, "eviction": ev}
-        own = str((self.package or self.args.bundle).resolve()) + os.sep  # the package, or the whole bundle
+        own = str((self.package or self.args.bundle or self.target.bundle).resolve()) + os.sep  # package or bundle
         pkg_files = [f for f in self._runtime_files if f.startswith(own)]
         others = C.other_mappers(pkg_files) if pkg_files else {}
         if others:
@@ -246,7 +243,9 @@ class Bench:
                             f"(what stays is mapped by live processes)")
 
     def run(self) -> dict:
-        self.package = None if self.args.bundle else _package_dir(self.args)
+        self.package = None if (self.args.bundle or self.target) else _package_dir(self.args)
+        bundle = self.args.bundle or (self.target and self.target.bundle)
+        resolve_budget(self.args, U.bundle_package_manifest(bundle) if bundle else self.package / "manifest.json")
         self.model_dir = _model_dir(self.args)
         facts = machine_facts()
         self.burn_in()
@@ -293,7 +292,8 @@ class Bench:
         rt = pair.get("runtime")
         if rt:
             ready = (rt.get("timeline") or {}).get("exec_to_ready_ms")
-            parts.append(f"{self.mode} {rt['total_ms']:.0f} ms" + (f" (ready {ready:.0f})" if ready else ""))
+            start = f", {rt['reply']['start']}" if self.target else ""
+            parts.append(f"{self.mode} {rt['total_ms']:.0f} ms" + (f" (ready {ready:.0f}{start})" if ready else ""))
         else:
             parts.append(f"{self.mode} FAILED")
         if self.args.snapshot:
@@ -316,7 +316,9 @@ class Bench:
                   "runs": a.runs, "budget_ms": a.budget_ms, "bundle": str(a.bundle) if a.bundle else None,
                   "package": str(self.package) if self.package else None, "model_dir": str(self.model_dir),
                   "text": a.text, "runtime_args": a.runtime_arg, "reconnect_ivl_ms": RECONNECT_IVL_MS,
-                  "snapshot": a.snapshot, "nofile": self.nofile}
+                  "snapshot": a.snapshot, "nofile": self.nofile, "unit": self.target.unit if self.target else None}
+        if self.target:
+            config["bundle"] = str(self.target.bundle)
         phases = {k: R.phase_table([p[k] for p in pairs if p.get(k)])
                   for k in R.RUN_KINDS if any(p.get(k) for p in pairs)}
         record = {
@@ -327,8 +329,10 @@ class Bench:
             "package": {**(_package_facts(self.package) if self.package else {}), "lineage": self.lineage},
             "cache": self.cache_info, "phases": phases, "runs": pairs, "failures": self.failures,
         }
-        what = "restore to first reply" if a.snapshot else "exec to first reply"
+        what = "restore to first reply" if a.snapshot else "restart to first reply" if a.unit else "exec to first reply"
         record["summary"] = R.summarize(pairs, config["engine"], a.budget_ms, len(self.failures), a.cache, what=what)
+        if self.target:
+            record["summary"].update(U.unit_summary(pairs))
         if a.snapshot:
             record["snapshot"] = self.snapshot_info
             record["summary"].update(R.snapshot_summary(pairs, self.snapshot_info))
@@ -365,16 +369,25 @@ def _main(args: argparse.Namespace) -> int:
     check_paths(args)
     bench = Bench(args)
     try:
+        if args.unit:
+            try:
+                unit = U.check_unit(args.unit)
+                U.refuse_on_trial()
+            except U.UnitRefused as exc:
+                raise UsageError(str(exc)) from None
+            U.ensure_started(unit, lambda msg: _say(args, msg))
+            bench.target = U.UnitTarget.of_running(unit)
         default = args.snapshot and not args.bundle
         if default:
             from bench.coldstart import default_bundle as D
 
             args.bundle = D.default_bundle(_package_dir(args), args.engine, lambda msg: _say(args, msg), args.quiet)
         if args.bundle:
+            from bench.coldstart.runtime_runs import prepare_socket_dir
+
             meta = bundle_contract(args.bundle)
+            prepare_socket_dir(args.bundle, meta)  # as edge-supervise does; a refusal: exit 2, before the burn-in
             check_address_free(meta["address"])
-            if default:
-                D.reset_socket_dir()
             deferred = (meta.get("cdi") or {}).get("deferred_devices") or []
             if deferred:
                 # systemd/edge-supervise adds these at start; plain `runc run` of the bundle does not.

@@ -9,7 +9,9 @@ engine go, with the snapshots beside them (a bundle is about 400 MB).
 Not under ``~/.cache``: a restore runs in the container's user namespace, as an unprivileged
 host uid, and root's home is 0700 (every directory above the rootfs must let others search
 it; docs/snapshot.md). The socket directory is :data:`SOCKET_DIR`, not the service's
-``/run/edge``, so the benchmark never answers for (or collides with) an installed service.
+``/run/edge``, so the benchmark never answers for (or collides with) an installed service; it is
+prepared like any bundle's (``runtime_runs.prepare_socket_dir``, edge/socket_dir.py), a 0750
+directory being no obstacle to a snapshot (only the directories above it must be searchable).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["ROOT", "SOCKET_DIR", "bundle_key", "default_bundle", "reset_socket_dir"]
+__all__ = ["ROOT", "SOCKET_DIR", "bundle_key", "default_bundle"]
 
 ROOT = Path("/var/cache/edge/coldstart")
 SOCKET_DIR = "/run/edge-coldstart"
@@ -65,10 +67,3 @@ def default_bundle(package: Path, engine: str, say=lambda msg: None, quiet: bool
                 shutil.rmtree(other, ignore_errors=True)
     return out
 
-
-def reset_socket_dir() -> None:
-    """Remove :data:`SOCKET_DIR` (ours; nothing answers there: checked before). ``take_snapshot``
-    refuses a socket directory others cannot search, yet it and every restore leave it 0750, so
-    a second snapshot (another engine's, a rebuilt bundle's) would be refused; both create it
-    again as they need it."""
-    shutil.rmtree(SOCKET_DIR, ignore_errors=True)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import zmq
 
+from bench.coldstart.args import UsageError
 from bench.coldstart.client import Client, embed_and_check
 from bench.coldstart.launch import STOP_TIMEOUT_S, RunFailed, RunResult, clean_env, now_ns
+from edge import socket_dir
 from edge.launch import boot_argv, boot_env
 from edge.readiness import stop_process
 
@@ -90,18 +92,23 @@ def bundle_contract(bundle: Path) -> dict:
     return meta
 
 
-def prepare_socket_dir(bundle: Path, meta: dict) -> None:
-    """Create the host socket directory when missing (systemd's RuntimeDirectory does it in service),
-    owned by the container's user so the runtime can bind there; mode 0750 as the protocol says."""
-    sock_dir = Path(meta["socket_dir"])
-    if sock_dir.is_dir():
-        return
-    sock_dir.mkdir(parents=True, mode=0o750)
+def prepare_socket_dir(bundle: Path, meta: dict, *, snapshot_files: bool = False) -> dict:
+    """The host socket directory made the runtime's as edge-supervise makes it on the device
+    (edge/socket_dir.py: created when missing, the uid:gid of config.json's ``process.user``, 0750,
+    stale leftovers of other users removed, so a root ``edge serve``'s do not fail the start).
+    A directory it refuses (a symlink, not a directory, writable by others) is a UsageError:
+    exit 2 with the message, which names it; no run could pass."""
+    user = meta.get("user") or {}
     try:
-        user = json.loads((bundle / "config.json").read_text())["process"].get("user") or {}
-        os.chown(sock_dir, int(user.get("uid", 0)), int(user.get("gid", 0)))
+        user = json.loads((bundle / "config.json").read_text())["process"].get("user") or user
     except (OSError, ValueError, KeyError):
         pass
+    try:
+        return socket_dir.prepare_socket_dir(meta["socket_dir"], int(user.get("uid", 0)), int(user.get("gid", 0)),
+                                             socket_name=socket_dir.ipc_socket_name(meta["address"]),
+                                             snapshot_files=snapshot_files)
+    except socket_dir.SocketDirError as exc:
+        raise UsageError(f"--bundle {bundle}: {exc}") from None
 
 
 def check_address_free(address: str) -> None:

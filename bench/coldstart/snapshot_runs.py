@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.coldstart.client import Client, embed_and_check
 from bench.coldstart.launch import STOP_TIMEOUT_S, RunFailed, RunResult, now_ns
-from bench.coldstart.runtime_runs import _mapped_files, _runtime_result, bundle_contract
+from bench.coldstart.runtime_runs import _mapped_files, _runtime_result, bundle_contract, prepare_socket_dir
 
 __all__ = ["container_nofile", "runnable_bundle", "ensure_snapshot", "run_restore"]
 
@@ -233,7 +233,8 @@ def run_restore(bundle: Path, workdir: Path, text: str, reference, *, timeout_s:
     log.touch()
     cid = f"edge-coldstart-{os.getpid()}-{workdir.name}"
     runc_bin = shutil.which(runc) or runc
-    (sockets / RESUME).unlink(missing_ok=True)  # another run's: never read as this one's start
+    # Untimed: leftovers, and the resume record of another run (never read as this one's start).
+    prepare_socket_dir(bundle, meta, snapshot_files=True)
     t0_wall = time.clock_gettime_ns(time.CLOCK_REALTIME)
     t0 = now_ns()
     client = Client(meta["address"])  # connects (and retries every 5 ms) while the restore runs

@@ -12,8 +12,16 @@ install (docs/archive.md, "On the device"):
    (snapshots) of bundles no slot holds any more are removed (cache.py);
 6. ``switch``: ``current`` renamed over by a new symlink to the slot;
 7. ``record``: the slot on trial in the state file;
-8. ``restart``: ``systemctl daemon-reload`` (the unit's drop-in follows ``current``) and
+8. ``restart``: the new bundle's socket directory made ready (edge/socket_dir.py, as
+   edge-supervise does at each start: a root ``edge serve``'s leftovers removed), then
+   ``systemctl daemon-reload`` (the unit's drop-in follows ``current``) and
    ``systemctl restart edge``; skipped with ``--no-restart`` or a root other than ``/``.
+
+A socket directory the start would refuse (a symlink, not a directory, writable by others) is
+found right after the unpack, before the switch: NotReady, the staging directory removed, the
+live slot untouched (switching would only make the unit fail its tries and roll back to a
+bundle that binds in the same directory). Should preparing it fail after the switch, the
+install stands with a warning: edge-supervise prepares it again, or refuses it, at the start.
 
 ``crash_at`` names a point after a stage (``edge.install.cli.CRASH_POINTS``) where the installer SIGKILLs
 itself, for the tests of a killed installer: whatever it left, the next run or ``status``
@@ -23,6 +31,7 @@ finds ``current`` pointing at a complete slot.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -35,10 +44,11 @@ from edge.install.cache import prune_caches
 from edge.install.compat import check_compatible, check_space, device_facts
 from edge.install.errors import NotReady, RestartFailed
 from edge.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
-from edge.install.layout import DeviceLayout
+from edge.install.layout import SLOT_BUNDLE, DeviceLayout
 from edge.install.slots import check_slot, install_target, recover
 from edge.install.state import (TRIAL_TRIES, InstallState, SlotRecord, Trial, TrialStatus, now, save_state)
 from edge.install.unpack import UnpackStats, unpack
+from edge.socket_dir import SocketDirError, check_socket_dir, ipc_socket_name, prepare_socket_dir
 
 __all__ = ["UNIT", "InstallReport", "install", "rollback", "switch_back", "on_trial", "mark_good", "locked",
            "restart_unit"]
@@ -145,6 +155,49 @@ def record(layout: DeviceLayout, state: InstallState, slot: str, archive: Path, 
     return st
 
 
+def _socket_dir_of(layout: DeviceLayout, bundle: Path) -> tuple[str, int, int, str | None] | None:
+    """``bundle``'s socket directory on this root, its runtime's uid and gid, the socket's name;
+    None for a bundle whose edge-bundle.json names none."""
+    try:
+        meta = json.loads((bundle / "edge-bundle.json").read_text())
+        path, uid, gid = meta["socket_dir"], int(meta["user"]["uid"]), int(meta["user"]["gid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    path = path if layout.is_system_root else str(layout.root / path.lstrip("/"))
+    return path, uid, gid, ipc_socket_name(meta.get("address"))
+
+
+def check_sockets(layout: DeviceLayout, bundle: Path) -> None:
+    """Before the switch: NotReady when the start would refuse ``bundle``'s socket directory."""
+    found = _socket_dir_of(layout, bundle)
+    try:
+        if found is not None:
+            check_socket_dir(found[0], found[2])
+    except SocketDirError as exc:
+        raise NotReady(f"{exc}; nothing was switched, the live slot is unchanged") from None
+
+
+def prepare_sockets(layout: DeviceLayout) -> str | None:
+    """The live bundle's socket directory made ready for its start; what was done, or a warning,
+    for the operator (None when nothing was to do)."""
+    found = _socket_dir_of(layout, layout.current)
+    if found is None:
+        return None
+    path, uid, gid, name = found
+    try:
+        done = prepare_socket_dir(path, uid, gid, socket_name=name)
+    except (SocketDirError, OSError) as exc:
+        return f"warning: socket directory {path} not prepared: {exc}; edge-supervise prepares (or refuses) it at start"
+    changed = ["created"] if done["created"] else []
+    if done["chowned_from"]:
+        changed.append(f"owner was {done['chowned_from']}, now {uid}:{gid}")
+    if done["chmodded_from"]:
+        changed.append(f"mode was {done['chmodded_from']}, now 0750")
+    if done["removed"]:
+        changed.append(f"removed an earlier run's {', '.join(done['removed'])}")
+    return f"socket directory {path}: {'; '.join(changed)}" if changed else None
+
+
 def restart_unit(layout: DeviceLayout, wanted: bool, *, block: bool = True, reset_failed: bool = False,
                  unit: str = UNIT) -> str:
     """``systemctl restart edge``. ``block=False`` only queues it: the trial's watcher is stopped
@@ -188,6 +241,7 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
             try:
                 stats = unpack(reader, manifest, manifest_bytes, signature, staging,
                                midway=lambda: _crash(crash_at, "mid-unpack"))
+                check_sockets(layout, staging / SLOT_BUNDLE)  # a refusal: before the switch
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
@@ -203,6 +257,7 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
             timings["switch"] = time.monotonic() - t
             _crash(crash_at, "after-state")
     t = time.monotonic()
+    notes += [n for n in (prepare_sockets(layout),) if n]
     # reset-failed: the update's starts get the unit's whole start limit (StartLimitBurst=), not
     # what earlier restarts left of it; the trial's tries (3) end a crash loop before it is spent.
     restarted = restart_unit(layout, restart, unit=unit, reset_failed=True)
@@ -250,7 +305,9 @@ def rollback(layout: DeviceLayout, *, reason: str = "manual", restart: bool = Tr
             raise NotReady(f"slot {live} is not on trial ({state.trial.status.value if state.trial else 'no trial'}): "
                            f"an automatic rollback undoes updates on trial only")
         st = switch_back(layout, state, live, reason)
-    return live, st.live, restart_unit(layout, restart, block=block, reset_failed=reset_failed, unit=unit)
+    prepared = prepare_sockets(layout)  # a rollback goes on whatever it says: a warning is told
+    restarted = restart_unit(layout, restart, block=block, reset_failed=reset_failed, unit=unit)
+    return live, st.live, restarted + (f" ({prepared})" if prepared and prepared.startswith("warning") else "")
 
 
 def on_trial(state: InstallState, live: str | None) -> bool:

@@ -147,12 +147,13 @@ class Lineage:
     engine: str | None = None
     device: str | None = None
     edge_version: str | None = None
+    edge_commit: str | None = None  # the git commit edge was built from (edge/version.py), None if unknown
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
 
     RESULT_KEYS = ("model_sha256", "tokenizer_sha256", "package_sha256", "bundle_sha256", "engine", "device",
-                   "edge_version")
+                   "edge_version", "edge_commit")
 
 
 @dataclass(slots=True)

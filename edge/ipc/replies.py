@@ -4,6 +4,8 @@ that need more than one declared type (``edge/ipc/protocol.py``)."""
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 import numpy as np
 import zmq
@@ -12,23 +14,31 @@ from edge.ipc import protocol as P
 from edge.serving.request import Request
 from edge.serving.shapes import BatchShapes
 
-__all__ = ["Peer", "split_envelope", "result_frames", "serving_info"]
+__all__ = ["Peer", "split_envelope", "peer_address", "result_frames", "serving_info", "queue_info",
+           "health_reply", "stats_reply"]
 
 
 class Peer:
-    """Where and how to answer one message: the transport's return address and its connection."""
+    """Where and how to answer one message: the transport's return address and its connection,
+    and what the request journal records about the sender (edge/journal/)."""
 
-    __slots__ = ("identity", "delim", "encoding", "trace_id", "conn")
+    __slots__ = ("identity", "delim", "encoding", "trace_id", "conn", "received", "address", "sample")
 
-    def __init__(self, identity: bytes, delim: bool, encoding: str, trace_id: str, conn: int) -> None:
+    def __init__(self, identity: bytes, delim: bool, encoding: str, trace_id: str, conn: int,
+                 address: str | None = None) -> None:
         self.identity, self.delim, self.encoding, self.trace_id = identity, delim, encoding, trace_id
         self.conn = conn  # edge.ipc.connections number: replies go only while it is open
+        self.received = time.monotonic()  # s: the message was read from the socket (the request's arrival)
+        self.address = address  # libzmq's Peer-Address: the client's IP on tcp, host:uid:gid:pid on ipc
+        self.sample = None  # (sizes, first bytes) of the frames, kept for a rejected request (--keep-rejected)
 
 
-def split_envelope(frames: list[zmq.Frame], conn: int) -> tuple[Peer, list]:
+def split_envelope(frames: list[zmq.Frame], conn: int, address: str | None = None,
+                   sample_bytes: int = 0) -> tuple[Peer, list]:
     """The return address of a message received with ``copy=False`` (a new trace id), and its
     frames after the envelope: as bytes when there are 2 (the protocol's count), else left in
-    libzmq's memory, since the reply (WRONG_FRAME_COUNT) reads none of them."""
+    libzmq's memory, since the reply (WRONG_FRAME_COUNT) reads none of them. With
+    ``sample_bytes``, the peer holds a copy of the frames' first bytes, in case they are refused."""
     identity, rest = frames[0].bytes, frames[1:]
     delim = bool(rest) and len(rest[0]) == 0  # REQ sockets put an empty delimiter first
     if delim:
@@ -37,7 +47,20 @@ def split_envelope(frames: list[zmq.Frame], conn: int) -> tuple[Peer, list]:
         rest = [f.bytes for f in rest]
     first = (rest[0] if isinstance(rest[0], bytes) else rest[0].buffer[:1].tobytes()) if rest else b""
     encoding = P.sniff_encoding(first) if rest else P.MSGPACK
-    return Peer(identity, delim, encoding, os.urandom(8).hex(), conn), rest
+    peer = Peer(identity, delim, encoding, os.urandom(8).hex(), conn, address)
+    if sample_bytes:
+        from edge.journal.rejected import capture
+
+        peer.sample = capture(rest, sample_bytes)
+    return peer, rest
+
+
+def peer_address(frame: zmq.Frame) -> str | None:
+    """The sender's address as libzmq reports it, or None where it reports none."""
+    try:
+        return frame.get("Peer-Address")
+    except zmq.ZMQError:
+        return None
 
 
 def result_frames(request: Request, peer: Peer, lineage: P.Lineage) -> list:
@@ -55,3 +78,31 @@ def serving_info(shapes: BatchShapes, limits: P.Limits) -> P.ServingInfo:
         buckets=list(shapes.buckets), batch_caps={str(b): shapes.rows(b) for b in shapes.buckets},
         max_delay_ms=shapes.settings.max_delay_ms, max_text_tokens=shapes.max_text_tokens,
         max_texts=limits.max_texts, max_text_bytes=limits.max_text_bytes, max_frame_bytes=limits.max_frame_bytes)
+
+
+def queue_info(core: Any, in_flight: int, by_bucket: bool = False) -> P.QueueInfo:
+    """The ``queue`` block of health and stats (``core``: edge.serving.core.ServingCore)."""
+    depth = {str(b): core.scheduler.queued(b) for b in core.shapes.buckets} if by_bucket else None
+    return P.QueueInfo(**core.admission.info(), in_flight=in_flight, by_bucket=depth)
+
+
+def health_reply(server: Any, peer: Peer, ready: bool, in_flight: int) -> P.HealthReply:
+    """The ``health`` reply of ``server`` (edge.ipc.server.IpcServer, on its I/O thread)."""
+    return P.HealthReply(ready=ready, state=server.state.value,
+                         uptime_s=round(time.monotonic() - server.metrics.started, 3),
+                         queue=queue_info(server.core, in_flight), trace_id=peer.trace_id)
+
+
+def stats_reply(server: Any, peer: Peer, in_flight: int, connections: dict) -> P.StatsReply:
+    """The ``stats`` reply of ``server`` (edge.ipc.server.IpcServer, on its I/O thread)."""
+    try:
+        timeline = server.timeline() if server.timeline else None
+    except Exception as exc:
+        timeline = {"error": f"{type(exc).__name__}: {exc}"}
+    extra = server.extra_stats() if server.extra_stats else {}
+    if server.journal is not None:
+        extra = {**extra, "journal": server.journal.info()}
+    return P.StatsReply(metrics={**server.metrics.snapshot(), **extra}, state=server.state.value,
+                        queue=queue_info(server.core, in_flight, True), lineage=server.lineage,
+                        settings=serving_info(server.core.shapes, server.limits), timeline=timeline,
+                        trace_id=peer.trace_id, connections=connections)

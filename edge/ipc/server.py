@@ -29,12 +29,12 @@ import zmq
 from edge.errors import EdgeError, ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.connections import UNKNOWN_CONN, Connections, connection_cap
-from edge.ipc.replies import Peer, result_frames, serving_info, split_envelope
+from edge.ipc.replies import Peer, health_reply, peer_address, result_frames, split_envelope, stats_reply
 from edge.ipc.endpoint import bind_router, default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
 from edge.ipc.validate import parse_request
 from edge.log import debug_enabled, log, log_exception
 from edge.serving.core import ServingCore
-from edge.serving.request import CancelOutcome, Failed, Finished, Request
+from edge.serving.request import CancelOutcome, Failed, Finished, Request, phases_ms
 
 __all__ = ["IpcServer", "Lifecycle", "default_bind_address"]
 
@@ -89,6 +89,7 @@ class IpcServer:
         self._handlers = {"infer": self._on_infer, "cancel": self._on_cancel, "health": self._on_health,
                           "stats": self._on_stats}
         self.extra_stats: Callable[[], dict] | None = None  # more stats fields, no I/O (edge.telemetry sets it)
+        self.journal: Any = None  # edge.journal.writer.Journal: every reply is noted there (boot sets it)
 
     @property
     def state(self) -> Lifecycle:
@@ -260,38 +261,48 @@ class IpcServer:
             self._finish(request, ErrorCode.SHUTTING_DOWN, "server stopped before the request finished")
         return True
 
-    def _send(self, peer: Peer, frames: list) -> bool:
-        """Send one reply without blocking; False (and counted as dropped) when it could not go."""
+    def _send(self, peer: Peer, frames: list, kind: str, code: int = 0, message: str | None = None,
+              request_id: Any = None, request: Request | None = None) -> bool:
+        """Send one reply without blocking, note it in the journal; False (counted as dropped) if it could not go."""
+        drop = self._deliver(peer, frames)
+        if self.journal is not None:  # a tuple on a bounded deque: never blocks (edge/journal/writer.py)
+            self.journal.note(kind, peer, code, message, request_id, request, drop)
+        return drop is None
+
+    def _deliver(self, peer: Peer, frames: list) -> str | None:
         self._conns.update()  # a DISCONNECTED still unread could hand this reply to the id's next owner
         if not self._conns.is_open(peer.conn):
             self.metrics.reply_dropped("unroutable")
-            return False
+            return "unroutable"
         envelope = [peer.identity, b""] if peer.delim else [peer.identity]
         try:
             self._router.send_multipart(envelope + frames, zmq.NOBLOCK)
-            return True
+            return None
         except zmq.ZMQError as exc:  # the peer's queue is full, or it is gone: the reply is dropped, never the server
             reason = "hwm" if exc.errno == zmq.EAGAIN else "unroutable"
             self.metrics.reply_dropped(reason)
             if debug_enabled():
                 log("reply.dropped", level="debug", trace_id=peer.trace_id, reason=reason)
-            return False
+            return reason
 
-    def _send_error(self, peer: Peer, code: ErrorCode, message: str, request_id: Any = None) -> None:
+    def _send_error(self, peer: Peer, code: ErrorCode, message: str, request_id: Any = None, kind: str = "infer",
+                    request: Request | None = None) -> None:
         if debug_enabled():
             log("reply.error", level="debug", trace_id=peer.trace_id, code=int(code), message=message)
-        if self._send(peer, P.encode_error(code, message, peer.trace_id, peer.encoding, request_id)):
+        frames = P.encode_error(code, message, peer.trace_id, peer.encoding, request_id)
+        if self._send(peer, frames, kind, int(code), message, request_id, request):
             self.metrics.error(code)
 
     def _on_message(self, frames: list[zmq.Frame]) -> None:
         last = frames[-1]
-        conn = self._conns.conn_of(last.get(zmq.SRCFD), last.get("Peer-Address") if self._ipc_path else None)
-        peer, rest = split_envelope(frames, conn)
+        address = peer_address(last)
+        conn = self._conns.conn_of(last.get(zmq.SRCFD), address if self._ipc_path else None)
+        peer, rest = split_envelope(frames, conn, address, self.journal.sample_bytes if self.journal else 0)
         try:
             mtype, msg = parse_request(rest, self.limits)
         except P.ProtocolError as exc:
             self.metrics.received("invalid")
-            self._send_error(peer, exc.code, exc.message, exc.request_id)
+            self._send_error(peer, exc.code, exc.message, exc.request_id, "invalid")
             return
         self.metrics.received(mtype)
         if conn == UNKNOWN_CONN:  # sent on a connection that has closed since: no one to do it for
@@ -299,14 +310,14 @@ class IpcServer:
         try:
             self._handlers[mtype](peer, msg)
         except EdgeError as exc:
-            self._send_error(peer, exc.code, exc.message, getattr(msg, "request_id", None))
+            self._send_error(peer, exc.code, exc.message, getattr(msg, "request_id", None), mtype)
         except Exception as exc:  # never let one message take the server down
             log_exception("ipc.handler_failed", level="error", type=mtype, trace_id=peer.trace_id)
             self._send_error(peer, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"[:300],
-                             getattr(msg, "request_id", None))
+                             getattr(msg, "request_id", None), mtype)
 
     def _on_infer(self, peer: Peer, msg: P.InferMsg) -> None:
-        arrival = time.monotonic()
+        arrival = peer.received  # read from the socket: decoding and validating count in its time
         rid = msg.request_id
         if self._state is Lifecycle.BOOTING:
             return self._send_error(peer, ErrorCode.NOT_READY, "server is still booting", rid)
@@ -330,30 +341,18 @@ class IpcServer:
         target = self._inflight.get((peer.conn, 0, msg.request_id))
         if target is None:
             return self._send_error(peer, ErrorCode.UNKNOWN_REQUEST_ID,
-                                    f"no request {msg.request_id!r} in flight on this connection", msg.request_id)
+                                    f"no request {msg.request_id!r} in flight on this connection", msg.request_id,
+                                    "cancel")
         self.core.cancel(target, peer)
 
-    def _queue_info(self, by_bucket: bool = False) -> P.QueueInfo:
-        depth = {str(b): self.core.scheduler.queued(b) for b in self.core.shapes.buckets} if by_bucket else None
-        return P.QueueInfo(**self.core.admission.info(), in_flight=len(self._inflight), by_bucket=depth)
     def _on_health(self, peer: Peer, msg: P.HealthMsg) -> None:
-        reply = P.HealthReply(ready=self._state is Lifecycle.READY, state=self._state.value,
-                              uptime_s=round(time.monotonic() - self.metrics.started, 3), queue=self._queue_info(),
-                              trace_id=peer.trace_id)
-        if self._send(peer, reply.frames(peer.encoding)):
+        reply = health_reply(self, peer, self._state is Lifecycle.READY, len(self._inflight))
+        if self._send(peer, reply.frames(peer.encoding), "health"):
             self.metrics.replied("health")
 
     def _on_stats(self, peer: Peer, msg: P.StatsMsg) -> None:
-        settings = serving_info(self.core.shapes, self.limits)
-        try:
-            timeline = self.timeline() if self.timeline else None
-        except Exception as exc:
-            timeline = {"error": f"{type(exc).__name__}: {exc}"}
-        extra = self.extra_stats() if self.extra_stats else {}
-        reply = P.StatsReply(metrics={**self.metrics.snapshot(), **extra}, state=self._state.value,
-                             queue=self._queue_info(True), lineage=self.lineage, settings=settings, timeline=timeline,
-                             trace_id=peer.trace_id, connections=self._conns.info())
-        if self._send(peer, reply.frames(peer.encoding)):
+        reply = stats_reply(self, peer, len(self._inflight), self._conns.info())
+        if self._send(peer, reply.frames(peer.encoding), "stats"):
             self.metrics.replied("stats")
 
     # ------------------------------------------------------------ results
@@ -370,7 +369,7 @@ class IpcServer:
                 elif isinstance(message, CancelOutcome):
                     peer = message.reply_to
                     reply = P.CancelReply(message.target.request_id, message.cancelled, peer.trace_id)
-                    if self._send(peer, reply.frames(peer.encoding)):
+                    if self._send(peer, reply.frames(peer.encoding), "cancel", request_id=reply.request_id):
                         self.metrics.replied("cancel")
             except Exception:
                 log_exception("ipc.send_failed", level="error", type=type(message).__name__,
@@ -390,11 +389,12 @@ class IpcServer:
                 log_exception("ipc.encode_failed", level="error", trace_id=request.trace_id)
                 code, message = ErrorCode.INTERNAL, f"encoding the result failed: {type(exc).__name__}"
         if code is not None:
-            return self._send_error(peer, code, message, request.request_id)
-        total_ms = (time.monotonic() - request.arrival) * 1000.0
+            return self._send_error(peer, code, message, request.request_id, "infer", request)
+        total_ms = ((now := time.monotonic()) - request.arrival) * 1000.0
         if debug_enabled():
             log("reply.result", level="debug", trace_id=request.trace_id, texts=request.texts,
                 queue_ms=round(request.queue_ms, 3), compute_ms=round(request.compute_ms, 3),
                 total_ms=round(total_ms, 3))
-        if self._send(peer, frames):
-            self.metrics.replied("infer", request.queue_ms, total_ms)
+        if self._send(peer, frames, "infer", 0, None, request.request_id, request):
+            phases = phases_ms(request.arrival, request.enqueued, request.done, request.compute_ms, now)[:4]
+            self.metrics.replied("infer", request.queue_ms, total_ms, phases)

@@ -12,6 +12,9 @@ and ``package_sha256`` (the manifest itself minus that field) go into every repl
 ``selftest`` (optional; packages built before it have none): a reference text, its embedding
 computed on the build host, and the thresholds ``edge selftest`` holds a running server to
 (:class:`SelftestReference`, docs/selftest.md).
+
+``fallback`` (optional): what serves when the primary cannot, another package inside this one
+or this package on another engine or device (:class:`FallbackSpec`, ``edge/preload/fallback.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from edge.errors import ErrorCode, PackageError
+from edge.preload.fallback import FallbackSpec
 from edge.preload.schema import FrozenRecord, Invalid, Record, dict_of, integer, list_of, one_of, sha256_hex, string
 from edge.preload.selftest_reference import SelftestReference
 from edge.settings import ServingSettings
@@ -37,6 +41,7 @@ __all__ = [
     "FileEntry",
     "TensorSpec",
     "SelftestReference",
+    "FallbackSpec",
     "Manifest",
     "ModelPackage",
     "open_package",
@@ -137,6 +142,9 @@ def _check_across(m: "Manifest") -> "Manifest":
             raise Invalid("serving.warm_sample_ids", f"{len(ids)} ids, more than max_seq_length {m.max_seq_length}")
     if m.selftest is not None and len(m.selftest.embedding) != m.output_dim:
         raise Invalid("selftest.embedding", f"{len(m.selftest.embedding)} values, but output_dim is {m.output_dim}")
+    if m.fallback is not None and m.fallback.kind == "device" and m.fallback.engine not in m.engines:
+        raise Invalid("fallback.engine", f"{m.fallback.engine!r}: this package has no files for it "
+                                         f"(it has {', '.join(m.engines)})")
     return m
 
 
@@ -161,9 +169,10 @@ class Manifest(Record):
         "tool_versions",  # dict[str, str]
         "nondeterministic",  # dict[str, str]: file -> why two exports differ
         "selftest",  # SelftestReference | None: None in packages built before it
+        "fallback",  # FallbackSpec | None: none named, or a kind this runtime does not know
         "extra",  # dict: fields newer writers add; format_version guards breaks
     )
-    _defaults = {"nondeterministic": dict, "selftest": lambda: None, "extra": dict}
+    _defaults = {"nondeterministic": dict, "selftest": lambda: None, "fallback": lambda: None, "extra": dict}
 
     @classmethod
     def model_validate(cls, data: object) -> "Manifest":
@@ -184,7 +193,7 @@ class Manifest(Record):
                                        f"inside the package")
             files[name] = FileEntry.model_validate(entry, f"files.{name}")
         tok = take("tokenizer_sha256", None)
-        selftest = take("selftest", None)
+        selftest, fallback = take("selftest", None), take("fallback", None)
         return _check_across(cls(
             format_version=integer(need("format_version"), "format_version"),
             name=string(need("name"), "name"),
@@ -205,6 +214,7 @@ class Manifest(Record):
             tool_versions={k: string(v, f"tool_versions.{k}") for k, v in dict_of(need("tool_versions"), "tool_versions").items()},
             nondeterministic={k: string(v, f"nondeterministic.{k}") for k, v in dict_of(take("nondeterministic", {}), "nondeterministic").items()},
             selftest=None if selftest is None else SelftestReference.model_validate(selftest),
+            fallback=FallbackSpec.model_validate(fallback),
             extra=d,
         ))
 

@@ -93,6 +93,7 @@ class EngineLoop:
 
     def _ingest(self, message: Admit | Cancel) -> None:
         if isinstance(message, Admit):
+            message.request.enqueued = self._clock()  # the end of its load phase (docs/trace.md)
             self.sched.add(message.request)
             return
         target = message.target
@@ -167,8 +168,10 @@ class EngineLoop:
             if request.last_batch != self._batch_no:
                 request.last_batch = self._batch_no
                 request.compute_ms += compute_ms
+                request.batches.append([self._batch_no, len(parts)])
             request.remaining -= 1
             if request.remaining == 0:
                 request.finished = True
+                request.done = end
                 self._emit(Finished(request))
         self._current = []

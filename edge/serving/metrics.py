@@ -17,10 +17,14 @@ from typing import Iterable
 
 from edge.errors import ErrorCode
 
-__all__ = ["Histogram", "Metrics", "LATENCY_BOUNDS_MS", "bucket_quantile"]
+__all__ = ["Histogram", "Metrics", "LATENCY_BOUNDS_MS", "PHASES", "bucket_quantile"]
 
 # Upper bounds of the latency buckets (ms); one more bucket counts everything above.
 LATENCY_BOUNDS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+# The phases of an answered infer request, the seed's monitoring points (docs/trace.md): load
+# (arrival -> in the engine loop: decode, validate, tokenize), transfer (waiting for its batch,
+# staging into the bucket's buffers), forward (the engine's run), post (batch end -> reply sent).
+PHASES = ("load", "transfer", "forward", "post")
 
 
 def bucket_quantile(bounds, counts, q: float, max_: float | None) -> float | None:
@@ -85,6 +89,7 @@ class Metrics:
         self.queue_ms = Histogram()  # arrival -> batch start (longest part of a request)
         self.compute_ms = Histogram()  # engine.run time per batch
         self.total_ms = Histogram()  # arrival -> reply handed to the socket, per infer request
+        self.phase_ms = {p: Histogram() for p in PHASES}  # per answered infer request, each phase
         self.batches = 0
         self.batch_sizes: dict[int, int] = {}  # texts per batch -> batches
         self.engine_failures = 0
@@ -103,13 +108,18 @@ class Metrics:
         with self._lock:
             self.texts += n_texts
 
-    def replied(self, mtype: str, queue_ms: float | None = None, total_ms: float | None = None) -> None:
+    def replied(self, mtype: str, queue_ms: float | None = None, total_ms: float | None = None,
+                phases: Iterable[float | None] = ()) -> None:
+        """``phases``: ms of load, transfer, forward, post (:data:`PHASES`), None where unknown."""
         with self._lock:
             self.ok[mtype] = self.ok.get(mtype, 0) + 1
             if queue_ms is not None:
                 self.queue_ms.observe(queue_ms)
             if total_ms is not None:
                 self.total_ms.observe(total_ms)
+            for name, v in zip(PHASES, phases):
+                if v is not None:
+                    self.phase_ms[name].observe(max(0.0, v))
 
     def reply_dropped(self, reason: str) -> None:
         with self._lock:
@@ -161,6 +171,7 @@ class Metrics:
                     "queue": self.queue_ms.snapshot(),
                     "compute": self.compute_ms.snapshot(),
                     "total": self.total_ms.snapshot(),
+                    **{name: h.snapshot() for name, h in self.phase_ms.items()},
                 },
                 "batches": {
                     "count": self.batches,

@@ -9,12 +9,17 @@ the engine loop, the outputs and the timings.
 Who writes which fields (each field has one writer thread)::
 
     I/O thread, on arrival               reply_to, trace_id, request_id, key, arrival, deadline,
-                                         priority, texts_in, text_bytes, truncate
+                                         priority, texts_in, n_texts, text_bytes, truncate
     tokenizer stage, before Admit        ids, tokens, buckets, truncated, cost, parts (set_tokens),
                                          texts_in (dropped), finished (only if never admitted)
     admission, under its lock            admitted, released
     engine loop (and its scheduler)      seq, eff_deadline, idle_arrival, Part.queued, remaining,
-                                         finished, out, queue_ms, compute_ms, last_batch
+                                         finished, out, queue_ms, compute_ms, last_batch, enqueued,
+                                         done, batches, degraded
+
+The monotonic stamps ``arrival``, ``enqueued`` and ``done`` (with ``compute_ms`` and the reply's
+time) split a request's time into the journal's phases: load, transfer, forward, post
+(:func:`phases_ms`; docs/trace.md).
 
 The I/O thread reads the engine loop's fields only after the loop has handed the request back
 in a :class:`Finished` message; the deque the message travels through orders the writes.
@@ -31,7 +36,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["Part", "Request", "Admit", "Cancel", "Finished", "Failed", "CancelOutcome"]
+__all__ = ["Part", "Request", "Admit", "Cancel", "Finished", "Failed", "CancelOutcome", "phases_ms"]
 
 
 class Part:
@@ -57,12 +62,12 @@ class Request:
     __slots__ = (
         # I/O thread, set before the request is handed over
         "reply_to", "trace_id", "request_id", "key", "arrival", "deadline", "priority",
-        "texts_in", "text_bytes", "truncate",
+        "texts_in", "n_texts", "text_bytes", "truncate",
         # tokenizer stage (set_tokens), then admission
         "ids", "tokens", "buckets", "truncated", "cost", "parts", "admitted", "released",
         # engine loop
         "seq", "eff_deadline", "idle_arrival", "remaining", "finished", "out", "queue_ms", "compute_ms",
-        "last_batch",
+        "last_batch", "enqueued", "done", "batches", "degraded",
     )
 
     def __init__(self, ids: list, buckets: list[int], arrival: float, *, deadline: float | None = None,
@@ -77,6 +82,7 @@ class Request:
         self.deadline = deadline  # monotonic s, or None
         self.priority = priority  # 0 first .. 2 last
         self.texts_in = texts_in  # the texts, until the tokenizer stage has their ids
+        self.n_texts = len(texts_in) if texts_in is not None else len(ids)  # texts received (the journal's)
         self.text_bytes = text_bytes  # their UTF-8 bytes, counted against the tokenizer's backlog bound
         self.truncate = truncate  # False: a text over the model's maximum is refused
         self.admitted = False  # counted against the queue bound (admission)
@@ -90,6 +96,10 @@ class Request:
         self.queue_ms = 0.0  # longest wait of any text before its batch ran (ms)
         self.compute_ms = 0.0  # sum of the engine times of the batches it was in (ms)
         self.last_batch = -1  # number of the last batch it was in (counts compute_ms once per batch)
+        self.enqueued: float | None = None  # monotonic s: the engine loop took it in (tokenized, admitted)
+        self.done: float | None = None  # monotonic s: the end of the last batch it ran in
+        self.batches: list = []  # [batch number, texts in that batch] of each batch it ran in
+        self.degraded = False  # served by a fallback (the circuit breaker sets it; replies say so)
 
     def set_tokens(self, ids: list, buckets: list[int], truncated: list[bool] | None = None) -> None:
         """The ids and bucket of each text (the tokenizer stage, before the request is admitted)."""
@@ -149,3 +159,15 @@ class CancelOutcome:
 
     def __init__(self, reply_to: Any, target: Request, cancelled: bool) -> None:
         self.reply_to, self.target, self.cancelled = reply_to, target, cancelled
+
+
+def phases_ms(received: float, enqueued: float | None, done: float | None, compute_ms: float,
+              replied: float) -> list:
+    """[load, transfer, forward, post, total] in ms from the request's monotonic stamps (s); a
+    phase whose stamps are missing (refused before the engine, expired in the queue) is None.
+    They add up: load + transfer + forward + post = total."""
+    total = (replied - received) * 1000.0
+    load = (enqueued - received) * 1000.0 if enqueued is not None else None
+    if done is None or enqueued is None:
+        return [load, None, None, None, total]
+    return [load, (done - enqueued) * 1000.0 - compute_ms, compute_ms, (replied - done) * 1000.0, total]

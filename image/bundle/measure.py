@@ -28,6 +28,7 @@ import zmq
 from edge.ipc import protocol as P
 from edge.launch import boot_argv, compile_bytecode
 from edge.readiness import stop_process
+from edge.socket_dir import ipc_socket_name, prepare_socket_dir
 
 __all__ = ["first_reply_s", "main"]
 
@@ -73,10 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the record here")
     args = ap.parse_args(argv)
     meta = json.loads((args.bundle / "edge-bundle.json").read_text())
-    sock_dir = Path(meta["socket_dir"])
-    sock_dir.mkdir(parents=True, exist_ok=True)
-    os.chown(sock_dir, meta["user"]["uid"], meta["user"]["gid"])
-    os.chmod(sock_dir, 0o750)
+    # As edge-supervise prepares it (edge/socket_dir.py): owner, 0750, root's leftovers removed.
+    prepare_socket_dir(meta["socket_dir"], meta["user"]["uid"], meta["user"]["gid"],
+                       socket_name=ipc_socket_name(meta["address"]) or "edge.sock")
 
     def stop_container(cid):
         def runc_term(_proc):  # the child is runc run: the container's init gets the TERM through runc

@@ -125,7 +125,9 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
             "terminal": False,
             "user": {"uid": uid, "gid": gid},
             "args": list(args),
-            "env": [f"{k}={v}" for k, v in env.items()],
+            # The host's socket directory, which the runtime sees at CONTAINER_SOCKET_DIR: its bind
+            # error names it (edge/socket_dir.py bind_advice), as --bind is not a bundle user's to change.
+            "env": [f"{k}={v}" for k, v in env.items()] + [f"EDGE_BUNDLE_SOCKET_DIR={socket_dir_host}"],
             "cwd": "/",
             "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],

@@ -177,11 +177,15 @@ def _check_searchable(paths: list[Path]) -> None:
 
 
 def _prepare_socket_dir(path: Path, uid: int, gid: int) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    os.chown(path, uid, gid)
-    os.chmod(path, 0o750)
-    for name in (MARKER, RESUME):
-        (path / name).unlink(missing_ok=True)
+    """The socket directory made the runtime's as every starter makes it (edge/socket_dir.py), and
+    MARKER and RESUME removed whoever wrote them: an earlier run's would be read as this one's.
+    A directory it refuses (a symlink, not a directory, writable by others) is a SnapshotError."""
+    from edge.socket_dir import SocketDirError, prepare_socket_dir  # its SNAPSHOT_FILES: MARKER, RESUME
+
+    try:
+        prepare_socket_dir(path, uid, gid, snapshot_files=True)
+    except SocketDirError as exc:
+        raise SnapshotError(str(exc)) from None
 
 
 def _site_criu_conf() -> str:

@@ -178,6 +178,8 @@ def private_bundle(bundle: Path, workdir: Path) -> Path:
             m["source"] = str(sockets)
         elif m["type"] == "bind" and not os.path.isabs(m["source"]):
             m["source"] = str(bundle.resolve() / m["source"])
+    env = config["process"]["env"]
+    env[:] = [f"EDGE_BUNDLE_SOCKET_DIR={sockets}" if e.startswith("EDGE_BUNDLE_SOCKET_DIR=") else e for e in env]
     address = f"ipc://{sockets}/edge.sock"
     assert len(address) - len("ipc://") < 108, f"{address}: too long for a unix socket"
     out = workdir / f"bundle-{uuid.uuid4().hex[:8]}"

@@ -6,9 +6,11 @@ A module of its own: the container of test_bundle_runc.py binds the same socket 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 from edge.readiness import NotifiedProcess
 
@@ -27,6 +29,12 @@ def test_supervisor_relays_ready_feeds_the_watchdog_and_deletes_the_container(or
         sup.notify.wait_for(b"WATCHDOG=1", sup.proc, 120, count=2, describe=lambda: sup.output(None))
         listed = subprocess.run([runc, "list", "-q"], capture_output=True, text=True).stdout.split()
         assert cid in listed
+        # Its start record (edge-coldstart --unit reads it): this process, in order, fresh, no snapshot.
+        record = json.loads((tmp_path / "start.json").read_text())
+        assert record["pid"] == sup.proc.pid and record["container_id"] == cid, record
+        assert record["start"] == "fresh" and record["snapshot"] == "off", record
+        t = record["boottime_ns"]
+        assert t["supervisor"] < t["runc"] < t["ready"] <= time.clock_gettime_ns(time.CLOCK_BOOTTIME), t
         assert sup.stop(40) == 0, sup.output(None)  # SIGTERM: the drain path
     finally:
         sup.stop()

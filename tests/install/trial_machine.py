@@ -68,7 +68,8 @@ def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: lis
             m["source"] = socket_dir
     if wrap:
         proc["args"] = [proc["args"][0], *wrap, *proc["args"]]
-    proc["env"] = [e for e in proc["env"] if not e.startswith(f"{ENV_NAME}=")] + [f"EDGE_TEST_VARIANT={tag}"]
+    proc["env"] = [f"EDGE_BUNDLE_SOCKET_DIR={socket_dir}" if e.startswith("EDGE_BUNDLE_SOCKET_DIR=") else e
+                   for e in proc["env"] if not e.startswith(f"{ENV_NAME}=")] + [f"EDGE_TEST_VARIANT={tag}"]
     digest = bundle_digest(out / "rootfs", config)
     proc["env"].append(f"{ENV_NAME}={digest}")
     (out / "config.json").write_text(json.dumps(config, indent=2))

@@ -1,0 +1,241 @@
+"""The journal's two halves: :meth:`Journal.note`, which the I/O thread calls once per reply, and
+the writer thread, which encodes and writes what it noted (docs/trace.md).
+
+The I/O thread sends every reply; the journal must never slow it nor make it wait. So ``note``
+only reads a few fields into a tuple and appends it to a deque, bounded at
+:data:`QUEUE_MAX` entries: when the writer falls that far behind, the entry is dropped and
+counted (``stats``: ``journal.dropped_by_reason.queue_full``), never waited for. The writer thread
+wakes when the deque stops being empty (or every ``flush_s``), encodes the entries, appends
+them to the segment files (``edge/journal/segments.py``) and writes rejected samples
+(``edge/journal/rejected.py``). It yields the GIL every :data:`YIELD_EVERY` entries, so a burst
+of entries delays the I/O thread by well under a millisecond at a time.
+
+A write error (disk full, read-only file system, permissions) never fails a request: it is
+counted, logged once (``journal.disabled``), and that half of the journal is off from then on.
+Threads and owners: ``dropped`` is the I/O thread's; every other counter is the writer's;
+``info()`` reads them all (integers, under the GIL).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from edge.journal.format import entry_line, lineage_id
+from edge.journal.rejected import SAMPLE_BYTES, RejectedStore
+from edge.journal.segments import SegmentFiles
+
+__all__ = ["Journal", "open_journal", "QUEUE_MAX", "YIELD_EVERY"]
+
+# Entries waiting for the writer. ~300 bytes each with their lists (most shared with the request
+# record): 64K entries are ~20 MB at worst, and ~10 s of a Jetson's saturation rate.
+QUEUE_MAX = 65536
+YIELD_EVERY = 64  # entries encoded between two yields of the GIL (~0.3 ms of work)
+FLUSH_S = 1.0  # the buffer goes to the kernel at least this often (s)
+
+
+class Journal:
+    def __init__(self, directory: str | None, max_bytes: int, lineage: dict, *, rejected_dir: str | None = None,
+                 keep_rejected: int = 0, queue_max: int = QUEUE_MAX, flush_s: float = FLUSH_S,
+                 segment_bytes: int | None = None, explicit: bool = True) -> None:
+        self.directory = directory if directory and max_bytes else None
+        self.max_bytes = max_bytes
+        self.lineage = dict(lineage)
+        self.lid = lineage_id(self.lineage)
+        self.segments = SegmentFiles(self.directory, max_bytes, segment_bytes) if self.directory else None
+        self.rejected = RejectedStore(rejected_dir, keep_rejected) if rejected_dir and keep_rejected > 0 else None
+        # What the I/O thread copies from each message for a sample (bytes; 0: nothing).
+        self.sample_bytes = SAMPLE_BYTES if self.rejected is not None else 0
+        self.queue_max = queue_max
+        self.flush_s = flush_s
+        self.enabled = self.segments is not None  # entries are written (False after a write error)
+        self.samples_enabled = self.rejected is not None
+        self.dropped = {"queue_full": 0, "disabled": 0}  # I/O thread
+        self.written = 0  # writer thread, as the rest
+        self.too_large = 0
+        self.write_errors = 0
+        self.errors: dict[str, str] = {}  # "journal" | "rejected" -> the error that turned it off
+        # False: the journal's directory is the default one, nobody asked for it; its failure (a
+        # bundle's read-only root, another runtime's lock) is a warning, not an error.
+        self.explicit = explicit
+        self._pid = os.getpid()
+        self._q: deque = deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._opened = False
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ I/O thread
+
+    def note(self, kind: str, peer: Any, code: int = 0, message: str | None = None, request_id: Any = None,
+             request: Any = None, drop: str | None = None) -> None:
+        """One reply, sent (``drop`` None) or not (``drop``: why). Appends a tuple; never blocks."""
+        sample = getattr(peer, "sample", None) if 1000 <= code < 2000 else None  # 1xxx: refused as invalid
+        if not self.enabled and (sample is None or not self.samples_enabled):
+            self.dropped["disabled"] += 1
+            return
+        q = self._q
+        if len(q) >= self.queue_max:
+            self.dropped["queue_full"] += 1
+            return
+        r = None
+        if request is not None:
+            r = (request.n_texts, request.tokens, request.buckets, request.truncated, request.enqueued, request.done,
+                 request.compute_ms, request.batches, request.degraded)
+        was_empty = not q
+        q.append((kind, peer.trace_id, peer.received, time.monotonic(), peer.identity, peer.conn, peer.address,
+                  request_id, int(code), message, drop, r, sample))
+        if was_empty:  # the writer drains until empty; a wake-up while it works would be wasted
+            self._wake.set()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> "Journal":
+        """Start the writer thread (after READY: it creates the directories and lists segments)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="edge-journal", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> bool:
+        """Write what is queued, flush and close; True when done within ``timeout_s``. Without a
+        started thread, the caller's thread does it."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is None:
+            self._run()
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def info(self) -> dict:
+        """The ``journal`` block of ``stats`` (and the edge_journal_* metrics)."""
+        seg = self.segments
+        out = {
+            "enabled": self.enabled, "dir": self.directory, "max_bytes": self.max_bytes if seg else 0,
+            "entries_written": self.written, "entries_dropped": sum(self.dropped.values()) + self.too_large,
+            "dropped_by_reason": {**self.dropped, "too_large": self.too_large},
+            "bytes": seg.on_disk if seg else 0, "segments": seg.count if seg else 0,
+            "segments_created": seg.segments_created if seg else 0, "write_errors": self.write_errors,
+            "queued": len(self._q), "queue_max": self.queue_max, "errors": dict(self.errors),
+        }
+        r = self.rejected
+        out["rejected"] = {"enabled": self.samples_enabled, "dir": r.directory if r else None,
+                           "keep": r.keep if r else 0, "kept": r.count if r else 0, "written": r.written if r else 0}
+        return out
+
+    # ------------------------------------------------------------ writer thread
+
+    def _run(self) -> None:
+        if not self._opened:
+            self._opened = True
+            self._open()
+        last_flush = time.monotonic()
+        while True:
+            if not self._stopping:
+                self._wake.wait(self.flush_s)
+            self._wake.clear()
+            self._drain()
+            now = time.monotonic()
+            if self._stopping or now - last_flush >= self.flush_s:
+                self._flush()
+                last_flush = now
+            if self._stopping and not self._q:
+                break
+        if self.segments is not None:
+            try:
+                self.segments.close()
+            except OSError as exc:
+                self._fail("journal", exc)
+
+    def _open(self) -> None:
+        if self.segments is not None:
+            try:
+                self.segments.open()
+            except OSError as exc:
+                self._fail("journal", exc)
+        if self.rejected is not None:
+            try:
+                self.rejected.open()
+            except OSError as exc:
+                self._fail("rejected", exc)
+
+    def _drain(self) -> None:
+        q = self._q
+        offset = time.time() - time.monotonic()  # dates the monotonic stamps
+        n = 0
+        while q:
+            item = q.popleft()
+            if self.enabled:
+                self._write(item, offset)
+            if item[12] is not None and self.samples_enabled:
+                self._sample(item, offset)
+            n += 1
+            if n % YIELD_EVERY == 0:
+                time.sleep(0)  # let the I/O thread take the GIL now, not at the end of the switch interval
+
+    def _write(self, item: tuple, offset: float) -> None:
+        try:
+            self.segments.append(entry_line(item, offset, self.lid), self.lid, self.lineage, self._pid)
+            self.written += 1
+        except ValueError:  # an entry larger than a quarter of a segment (a tiny cap)
+            self.too_large += 1
+        except OSError as exc:
+            self._fail("journal", exc)
+
+    def _sample(self, item: tuple, offset: float) -> None:
+        kind, trace_id, received, _, identity, conn, address, request_id, code, message = item[:10]
+        from edge.errors import ErrorCode
+
+        meta = {"time_ms": int((received + offset) * 1000), "type": kind, "code": code,
+                "name": ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code),
+                "message": (message or "")[:200], "request_id": request_id,
+                "client": {"identity": identity[:64].hex(), "connection": conn, "peer": address}}
+        try:
+            self.rejected.add(trace_id, meta, item[12])
+        except OSError as exc:
+            self._fail("rejected", exc)
+
+    def _flush(self) -> None:
+        if self.enabled and self.segments is not None:
+            try:
+                self.segments.flush()
+            except OSError as exc:
+                self._fail("journal", exc)
+
+    def _fail(self, part: str, exc: BaseException) -> None:
+        """Turn ``part`` off for good, counted and logged once: a request never fails for it."""
+        self.write_errors += 1
+        if part == "journal":
+            self.enabled = False
+        else:
+            self.samples_enabled = False
+        if part in self.errors:
+            return
+        self.errors[part] = f"{type(exc).__name__}: {exc}"[:300]
+        from edge.log import log
+
+        where = self.directory if part == "journal" else getattr(self.rejected, "directory", None)
+        level = "error" if self.explicit or part == "rejected" else "warning"
+        log("journal.disabled", level=level, part=part, dir=where, error=self.errors[part],
+            advice="requests are served without it; fix the directory (space, permissions, a writable mount) "
+                   "and restart, or set --journal-dir off / --keep-rejected 0")
+
+
+def open_journal(args: Any, lineage: dict) -> Journal | None:
+    """The journal ``edge serve``'s arguments ask for (not started), or None when they ask for
+    neither entries nor samples."""
+    from edge.journal.options import journal_dir, rejected_dir, state_dir
+
+    max_bytes = int(getattr(args, "journal_max_bytes", 0) or 0)
+    keep = int(getattr(args, "keep_rejected", 0) or 0)
+    given_state, given_dir = getattr(args, "state_dir", None), getattr(args, "journal_dir", None)
+    state = state_dir(given_state)
+    directory = journal_dir(given_dir, state) if max_bytes else None
+    if directory is None and not keep:
+        return None
+    return Journal(directory, max_bytes, lineage, rejected_dir=rejected_dir(state) if keep else None,
+                   keep_rejected=keep, explicit=bool(given_state or given_dir))
