@@ -163,19 +163,45 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         stages = Stages(timeline)
         if chain.pending:  # CUDA: the device stages come after the restore
             engine, shapes, buffers = chain.finish(stages)
+    from edge.fallback import boot_fallback
+
+    fallback = boot_fallback(stages, args, pkg, shapes)  # after a restore: a CUDA fallback touches the device
     lineage = lineage_of(manifest, engine)
-    core = ServingCore(engine, tokenizer, shapes=shapes, buffers=buffers)
+    if fallback is not None:
+        fallback.lineage = lineage_of(fallback.manifest, fallback.engine)  # what degraded replies name
+    core = ServingCore(_with_faults(engine, args), tokenizer, shapes=shapes, buffers=buffers, fallback=fallback,
+                       breaker=_breaker(args, fallback is not None))
     from edge.ipc.curve import server_curve  # --keys: CURVE on tcp:// (read in the bind stage)
 
     server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
                                   curve=server_curve(args.keys, bind))
     from edge.journal.writer import open_journal  # its queue takes replies at once; its thread starts after READY
 
-    server.journal = open_journal(args, lineage.as_dict())
+    server.journal = open_journal(args, lineage.as_dict(), fallback.lineage.as_dict() if fallback else None)
     stages.run(server.bind, setting=lambda: _bind_setting(bind), address=bind)  # computed only if it fails
     stages.run(server.start, setting="--bind ADDR")
     timeline.mark_ready()
     return server, {"bind": bind, "package": str(package_dir), "lineage": lineage.as_dict()}
+
+
+def _breaker(args, has_fallback: bool):
+    from edge.serving.breaker import CircuitBreaker
+
+    return CircuitBreaker(threshold=args.breaker_threshold, cooldown_s=args.breaker_cooldown,
+                          probes=args.breaker_probes, has_fallback=has_fallback)
+
+
+def _with_faults(engine, args):
+    """The primary engine, with the faults --fault-engine-* ask for (tests, technicians): warned of."""
+    from edge.serving.faults import with_faults
+
+    delay, rate = args.fault_engine_delay_ms, args.fault_engine_error_rate
+    if delay or rate:
+        from edge.log import log
+
+        log("boot.fault_injection", level="warning", engine_delay_ms=delay, engine_error_rate=rate,
+            message="the primary engine is slowed or failed on purpose (--fault-engine-*): a test setting")
+    return with_faults(engine, delay, rate)
 
 
 def _bind_setting(bind: str) -> str:

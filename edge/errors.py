@@ -56,6 +56,7 @@ class ErrorCode(IntEnum):
     SHUTTING_DOWN = 2003  # server is draining after SIGTERM
     NOT_READY = 2004  # server has not finished booting
     UNKNOWN_REQUEST_ID = 2005  # cancel named a request that is not queued
+    BREAKER_OPEN = 2006  # the circuit breaker is open and no fallback is configured: retry after its cool-down
     # 3xxx: server failures
     INTERNAL = 3000  # unexpected failure while handling a valid request
     ENGINE_FAILED = 3001  # the engine raised while running a batch

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from edge.errors import ErrorCode
+from edge.metrics_control import breaker_families, journal_families
 from edge.serving.metrics import PHASES
 
 __all__ = ["EdgeCollector", "render", "snapshot_families", "queue_families", "boot_families", "build_info",
@@ -33,8 +34,8 @@ __all__ = ["EdgeCollector", "render", "snapshot_families", "queue_families", "bo
 # Error codes a reply can carry (1xxx-3xxx): exported at 0 from the start, so that a rate()
 # over them has a series before the first error. Boot codes (4xxx) never reach the wire.
 _WIRE_CODES = [c for c in ErrorCode if int(c) < 4000]
-LINEAGE_LABELS = ("edge_version", "model", "model_sha256", "tokenizer_sha256", "package_sha256", "bundle_sha256",
-                  "engine", "device")
+LINEAGE_LABELS = ("edge_version", "edge_commit", "model", "model_sha256", "tokenizer_sha256", "package_sha256",
+                  "bundle_sha256", "engine", "device")
 _STATES = ("booting", "ready", "draining", "stopped")  # edge.ipc.server.Lifecycle's values
 
 
@@ -66,41 +67,6 @@ def _phase_histogram(lat: dict) -> HistogramMetricFamily:
         if lat.get(phase):
             fam.add_metric([phase], _cumulative(lat[phase], 0.001), lat[phase]["sum"] * 0.001)
     return fam
-
-
-def journal_families(info: dict | None) -> Iterator[Metric]:
-    """The request journal (docs/trace.md): ``info`` is :meth:`edge.journal.writer.Journal.info`,
-    None when the runtime keeps no journal (every family is still there, at 0)."""
-    info = info or {}
-    rej = info.get("rejected") or {}
-    g = GaugeMetricFamily("edge_journal_enabled", "1 while the request journal writes entries (0: off, or turned off "
-                          "by a write error)")
-    g.add_metric([], 1 if info.get("enabled") else 0)
-    yield g
-    c = CounterMetricFamily("edge_journal_entries_written_total", "Journal entries written (one per reply)")
-    c.add_metric([], info.get("entries_written", 0))
-    yield c
-    c = CounterMetricFamily("edge_journal_entries_dropped_total", "Journal entries not written: queue_full (the "
-                            "writer fell behind), disabled (after a write error), too_large", labels=["reason"])
-    for reason in ("queue_full", "disabled", "too_large"):
-        c.add_metric([reason], (info.get("dropped_by_reason") or {}).get(reason, 0))
-    yield c
-    c = CounterMetricFamily("edge_journal_write_errors_total", "Failed journal or rejected-sample writes")
-    c.add_metric([], info.get("write_errors", 0))
-    yield c
-    for name, doc, value in (("edge_journal_bytes", "Bytes of the journal's segment files (never above the cap)",
-                              info.get("bytes", 0)),
-                             ("edge_journal_max_bytes", "The journal's cap (--journal-max-bytes)",
-                              info.get("max_bytes", 0)),
-                             ("edge_journal_segments", "Segment files of the journal", info.get("segments", 0)),
-                             ("edge_rejected_samples", "Rejected requests' payloads kept (--keep-rejected)",
-                              rej.get("kept", 0))):
-        g = GaugeMetricFamily(name, doc)
-        g.add_metric([], value)
-        yield g
-    c = CounterMetricFamily("edge_rejected_samples_written_total", "Rejected requests' payloads written")
-    c.add_metric([], rej.get("written", 0))
-    yield c
 
 
 def _batch_size_histogram(sizes: dict, caps: Iterable[int]) -> HistogramMetricFamily:
@@ -363,6 +329,7 @@ class EdgeCollector:
         yield state_family(server.state.value)
         journal = getattr(server, "journal", None)
         yield from journal_families(journal.info() if journal is not None else None)
+        yield from breaker_families(core.breaker.snapshot() if getattr(core, "breaker", None) else None)
         yield build_info(server.lineage.as_dict())
         try:
             yield from boot_families(server.timeline() if server.timeline else None)

@@ -64,15 +64,14 @@ ENVIRONMENT = {
     "EDGE_METRICS_INTERVAL_S": "edge serve --metrics-interval",
     "EDGE_METRICS_LISTEN": "edge serve --metrics-listen",
     "EDGE_METRICS_LISTEN_ANY": "edge serve --metrics-listen-any (1: on)",
-    "EDGE_STATE_DIR": "edge serve --state-dir, and where edge trace --state-dir looks by default",
-    "EDGE_JOURNAL_DIR": "edge serve --journal-dir (off: no journal), and edge trace --journal-dir",
-    "EDGE_JOURNAL_MAX_BYTES": "edge serve --journal-max-bytes", "EDGE_KEEP_REJECTED": "edge serve --keep-rejected",
     "EDGE_CODE_COMMIT": "the git commit edge was built from, set by the bundle builder; the lineage's edge_commit",
     "EDGE_ORT_LIBRARY": "path of libonnxruntime.so to load instead of the one in the onnxruntime wheel",
     "EDGE_EXEC_BOOTTIME_NS": "CLOCK_BOOTTIME (ns) just before exec, set by a launcher that timed it (edge-coldstart)",
     "EDGE_BUNDLE_SHA256": "the bundle's digest, set in the bundle's config.json; replies carry it in their lineage",
     "EDGE_BUNDLE_SOCKET_DIR": "the bundle's socket directory on the host, set in its config.json; bind errors name it",
 }
+for _flags in ("edge.journal.options", "edge.serving.breaker_options"):  # their flags' variables (stdlib modules)
+    ENVIRONMENT.update(__import__(_flags, fromlist=["ENVIRONMENT"]).ENVIRONMENT)
 
 
 def _env(name: str, env: dict | None = None) -> str | None:
@@ -271,8 +270,8 @@ def serve_parser(env: dict | None = None):
     p.add_argument("--metrics-listen-any", action="store_true", default=e("EDGE_METRICS_LISTEN_ANY") == "1",
                    help="let --metrics-listen bind an address other machines reach: anyone there reads the "
                         "metrics and the build's lineage (env EDGE_METRICS_LISTEN_ANY=1)")
-    from edge.journal.options import add_serve_arguments  # the journal's flags (docs/trace.md)
-    add_serve_arguments(p, e)
+    for flags in ("edge.journal.options", "edge.serving.breaker_options"):  # docs/trace.md, docs/breaker.md
+        __import__(flags, fromlist=["add_serve_arguments"]).add_serve_arguments(p, e)
     return p
 
 

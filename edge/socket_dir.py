@@ -207,6 +207,16 @@ def prepare_socket_dir(path, uid, gid, mode=SOCKET_DIR_MODE, *, socket_name=SOCK
     finally:
         os.close(fd)
     return done
+
+
+def prepare_host_dirs(uid, gid, metrics_dir=None, state_dir=None):
+    """The other host directories a bundle binds read-write, made the runtime's (runc cannot bind a
+    missing source): ``metrics_dir`` 0755 (node_exporter reads the textfile), ``state_dir`` 0750
+    (the request journal, read by root's ``edge trace``). Nothing in them is touched; the same
+    refusals as the socket directory's."""
+    for d, mode in ((metrics_dir, 0o755), (state_dir, 0o750)):
+        if d:
+            prepare_socket_dir(d, uid, gid, mode, socket_name=None, leftovers=False)
 # --- end of copy ---
 
 

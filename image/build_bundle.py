@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 from edge.errors import PackageError
-from edge.launch import boot_argv, boot_pythonpath_of
+from edge.launch import boot_argv
 from image.bundle import cdi, metrics, oci_config, seccomp
+from image.bundle.container_env import container_env, jemalloc_of
 from image.cli_checks import abs_dir, positive_int, tcp_address, user_ids, writable_dir_problem
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
@@ -55,40 +56,10 @@ FILES_NAME = "rootfs.files"  # one "path<TAB>size" line per traced file in the r
 SOCKET_NAME = "edge.sock"
 DEFAULT_SOCKET_DIR = "/run/edge"
 DEFAULT_USER = (61000, 61000)  # uid, gid of the runtime; the host group of that gid reaches the socket
-JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"  # return memory within ~1 s
 
 
 class BundleError(RuntimeError):
     """The bundle cannot be built (or verified) as asked; the message says what to change."""
-
-
-def _jemalloc(python: str) -> str | None:
-    """The host's (or the environment's) libjemalloc, when there is one."""
-    machine = platform.machine()
-    candidates = [Path(python).resolve().parent.parent / "lib" / "libjemalloc.so.2",
-                  Path(f"/usr/lib/{machine}-linux-gnu/libjemalloc.so.2"), Path("/usr/local/lib/libjemalloc.so.2")]
-    return next((str(p) for p in candidates if p.exists()), None)
-
-
-def _container_env(python: str, threads: int | None, device: str, jemalloc: str | None) -> dict[str, str]:
-    env = {
-        "PATH": f"{Path(python).parent}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/tmp",  # tmpfs: ONNX Runtime creates and locks $HOME/.cache/.../onnxruntime.db
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",  # read-only root; the .pyc files are in the bundle
-        "PYTHONUNBUFFERED": "1",  # one JSON log line per event, straight to the journal
-        "OPENBLAS_NUM_THREADS": "1",  # numpy does no heavy math here; no idle BLAS pool
-        "MKL_NUM_THREADS": "1",
-        "EDGE_DEVICE": device,
-        # The runtime starts with ``python -S`` (edge/launch.py): the module path site would build.
-        "PYTHONPATH": os.pathsep.join(boot_pythonpath_of(python)),
-    }
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)  # torch's intra-op pool; ORT sizes its own per core
-    if jemalloc:
-        env["LD_PRELOAD"] = jemalloc
-        env["MALLOC_CONF"] = JEMALLOC_CONF
-    return env
 
 
 def check_arch(python: str, arch: str) -> str:
@@ -108,7 +79,8 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
                  cdi_spec: Path | None = None, cdi_devices: list[str] | None = None,
                  socket_dir: str = DEFAULT_SOCKET_DIR, user: tuple[int, int] = DEFAULT_USER, metrics_dir: str | None = None,
                  arch: str | None = None, tcp: str | None = None, threads: int | None = None,
-                 use_strace: str = "auto", force: bool = False, progress: Progress | None = None) -> dict:
+                 use_strace: str = "auto", force: bool = False, progress: Progress | None = None,
+                 state_dir: str = oci_config.STATE_DIR) -> dict:
     """Write the bundle to ``out``; returns the metadata written to ``edge-bundle.json``."""
     progress = progress or Progress(quiet=True)
     python = python or sys.executable
@@ -125,8 +97,8 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         raise BundleError(f"--package {package} cannot make a bundle of {engine}: {exc}") from None
     edits = cdi.select_edits(cdi.load_spec(cdi_spec), cdi_devices) if cdi_spec else None
     device = "auto" if edits else "cpu"
-    jemalloc = _jemalloc(python)
-    env = _container_env(python, threads, device, jemalloc)
+    jemalloc = jemalloc_of(python)
+    env = container_env(python, threads, device, jemalloc)
     prometheus = metrics.prometheus_client_version(python, env)
     if metrics_dir and prometheus is None:
         raise BundleError(f"--metrics-dir needs prometheus_client in {python}'s environment (pip install 'edge[metrics]')")
@@ -171,7 +143,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
                   "--bind", tcp or f"ipc://{oci_config.CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"],
             env=env, uid=user[0], gid=user[1], socket_dir_host=socket_dir, arch=arch,
             memory_bytes=limits["memory_bytes"], pids=limits["pids"], nofile=limits["nofile"],
-            share_host_network=bool(tcp), tmp_roots=under_tmp)
+            share_host_network=bool(tcp), tmp_roots=under_tmp, state_dir_host=state_dir)
         oci_config.add_metrics_dir(config, metrics_dir)  # nothing without --metrics-dir
         deferred = cdi.merge(config, edits) if edits else []
         rootfs.make_mountpoints(config["mounts"])
@@ -199,7 +171,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             "user": {"uid": user[0], "gid": user[1]},
             "socket_dir": socket_dir,
             "address": tcp or f"ipc://{socket_dir}/{SOCKET_NAME}",
-            "container_socket_dir": oci_config.CONTAINER_SOCKET_DIR,
+            "container_socket_dir": oci_config.CONTAINER_SOCKET_DIR, "state_dir": state_dir,
             "container_address": config["process"]["args"][-1],
             "health_probe": [trace.executable, "-m", "edge.cli", "health", "--connect", config["process"]["args"][-1]],
             "package": {"path": PACKAGE_PATH, "source": str(package), "bytes": package_bytes,
@@ -362,7 +334,7 @@ def _build(args, progress: Progress) -> int:
     meta = build_bundle(args.out, package=package, engine=args.engine, python=args.python, cdi_spec=args.cdi,
                         cdi_devices=args.cdi_device, socket_dir=args.socket_dir, user=args.user, arch=args.arch,
                         tcp=args.tcp, threads=args.threads, use_strace=args.strace, force=args.force,
-                        progress=progress, metrics_dir=args.metrics_dir)
+                        progress=progress, metrics_dir=args.metrics_dir, state_dir=args.state_dir)
     print(json.dumps({k: meta[k] for k in ("address", "socket_dir", "arch", "engine", "sizes")}, indent=2))
     return 0
 
@@ -403,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--tcp", type=tcp_address, default=None, metavar="tcp://HOST:PORT",
                    help="serve TCP on loopback instead of ipc (shares the host network; no CURVE keys in a bundle yet)")
     b.add_argument("--metrics-dir", type=abs_dir, default=None, help="host directory for the metrics textfile edge.prom")
+    b.add_argument("--state-dir", type=abs_dir, default=oci_config.STATE_DIR,
+                   help="host directory for the runtime's state: its request journal and kept rejected samples, "
+                        f"read by `edge trace --state-dir DIR` (default {oci_config.STATE_DIR}; docs/trace.md)")
     b.add_argument("--threads", type=positive_int("threads"), default=None, help="OMP_NUM_THREADS in the container")
     b.add_argument("--strace", choices=("auto", "on", "off"), default="auto", help="also trace syscalls (needs strace)")
     b.add_argument("--force", action="store_true", help="replace DIR if it exists")

@@ -13,6 +13,8 @@ fast loop.
 from __future__ import annotations
 
 import fcntl
+import os
+import tempfile
 import shutil
 import hashlib
 import inspect
@@ -24,6 +26,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The runtimes the tests start, as root, would keep their request journal in the device's
+# /var/lib/edge/runtime (docs/trace.md); they get a directory of this test run instead.
+os.environ.setdefault("EDGE_STATE_DIR", tempfile.mkdtemp(prefix="edge-tests-state-"))
 _CODE = ["image/package.py", "image/export_model.py", "edge/preload/manifest.py", "edge/settings.py", "image/tokenizer/*.py",
          "image/tokenizer/*.json", "edge/preload/tokenizer.fbs", "edge/preload/tokenizer_fb/*.py"]
 
@@ -114,9 +119,10 @@ DIRECTORY_TIERS = {"bundle": "container", "integration": "process"}
 CONTAINER_FIXTURES = frozenset({"ort_bundle"})  # the OCI bundle of the real package
 HEAVY_FIXTURES = frozenset({
     "minilm_package",  # builds (~30 s) or opens the real MiniLM package
+    "minilm_int8_package", "minilm_fallback_package",  # build (~20 s, ~30 s) or open the int8 / fallback packages
     "st_model", "reference",  # sentence-transformers: torch and the reference model
 })
-PACKAGE_FIXTURES = frozenset({"minilm_package", "ort_bundle"})  # never in the unit tier (tests/test_tiers.py)
+PACKAGE_FIXTURES = frozenset({"minilm_package", "minilm_int8_package", "minilm_fallback_package", "ort_bundle"})  # never in the unit tier (tests/test_tiers.py)
 HEAVY_NAMES = frozenset({
     "gettext_texts", "message_pool", "text_mix",  # thousands of real sentences from the gettext catalogs
     "train_byte_level_bpe",  # trains a tokenizer
@@ -269,7 +275,7 @@ def ort_bundle(minilm_package):
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not (out / "edge-bundle.json").exists():
         build_bundle(out, package=minilm_package, engine="onnxruntime", socket_dir=str(cache / key / "run"),
-                     user=(UID, GID), force=True)
+                     user=(UID, GID), force=True, state_dir=str(cache / key / "state"))  # not the host's /var/lib
     fcntl.flock(lock, fcntl.LOCK_SH)  # held while this session uses it: _prune of another session skips it
     _prune_bundles(cache, keep=key)
     yield out
@@ -321,6 +327,29 @@ def minilm_int8_package() -> Path:
             build_package(out, quantize="int8")
             open_package(out, verify="full")
             for old in out.parent.glob("minilm-int8-*"):  # the int8 builds of older quantize code
+                if old != out:
+                    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_fallback_package(minilm_int8_package) -> Path:
+    """The MiniLM package naming the int8 one as its fallback (``edge-package build
+    --fallback-package``, the int8 package copied into ``fallback/``; ~30 s, cached beside it)."""
+    from edge.errors import PackageError
+    from edge.preload.manifest import open_package
+    from image.package import build_package
+    from image.quantize import fallback_request
+
+    out = minilm_int8_package.parent / f"minilm-fallback-{minilm_int8_package.name.rsplit('-', 1)[-1]}"
+    with open(minilm_int8_package.parent.parent / f"{minilm_int8_package.parent.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            open_package(out, verify="size")
+        except PackageError:
+            build_package(out, fallback=fallback_request(minilm_int8_package, None, None))
+            open_package(out, verify="full")
+            for old in out.parent.glob("minilm-fallback-*"):
                 if old != out:
                     shutil.rmtree(old, ignore_errors=True)
     return out

@@ -266,11 +266,16 @@ def test_snapshot_tool_removes_the_snapshot_files_and_refuses_like_the_others(tm
     for name in S.SNAPSHOT_FILES:
         (d / name).write_text("{}")
         os.chown(d / name, UID, GID)  # the runtime's own marker: still an earlier run's
-    snap._prepare_socket_dir(d, UID, GID)
+    from image.bundle.oci_config import STATE_DIR
+
+    state = tmp_path / "state"  # the runtime's state directory, bound read-write: runc needs it made
+    config = {"mounts": [{"destination": STATE_DIR, "type": "bind", "source": str(state)}]}
+    snap._prepare_socket_dir(d, UID, GID, config)
     assert os.listdir(d) == [] and _owner_mode(d) == (UID, GID, 0o750)
+    assert _owner_mode(state) == (UID, GID, 0o750)
     os.chmod(d, 0o777)
     with pytest.raises(snap.SnapshotError, match=str(d)):
-        snap._prepare_socket_dir(d, UID, GID)
+        snap._prepare_socket_dir(d, UID, GID, config)
 
 
 def test_coldstart_refusal_is_a_usage_error(tmp_path):

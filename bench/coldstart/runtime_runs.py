@@ -104,9 +104,11 @@ def prepare_socket_dir(bundle: Path, meta: dict, *, snapshot_files: bool = False
     except (OSError, ValueError, KeyError):
         pass
     try:
-        return socket_dir.prepare_socket_dir(meta["socket_dir"], int(user.get("uid", 0)), int(user.get("gid", 0)),
-                                             socket_name=socket_dir.ipc_socket_name(meta["address"]),
-                                             snapshot_files=snapshot_files)
+        uid, gid = int(user.get("uid", 0)), int(user.get("gid", 0))
+        done = socket_dir.prepare_socket_dir(meta["socket_dir"], uid, gid, snapshot_files=snapshot_files,
+                                             socket_name=socket_dir.ipc_socket_name(meta["address"]))
+        socket_dir.prepare_host_dirs(uid, gid, meta.get("metrics_dir"), meta.get("state_dir"))
+        return done
     except socket_dir.SocketDirError as exc:
         raise UsageError(f"--bundle {bundle}: {exc}") from None
 

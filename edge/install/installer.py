@@ -48,7 +48,8 @@ from edge.install.layout import SLOT_BUNDLE, DeviceLayout
 from edge.install.slots import check_slot, install_target, recover
 from edge.install.state import (TRIAL_TRIES, InstallState, SlotRecord, Trial, TrialStatus, now, save_state)
 from edge.install.unpack import UnpackStats, unpack
-from edge.socket_dir import SocketDirError, check_socket_dir, ipc_socket_name, prepare_socket_dir
+from edge.socket_dir import (SocketDirError, check_socket_dir, ipc_socket_name, prepare_host_dirs,
+                             prepare_socket_dir)
 
 __all__ = ["UNIT", "InstallReport", "install", "rollback", "switch_back", "on_trial", "mark_good", "locked",
            "restart_unit"]
@@ -186,7 +187,10 @@ def prepare_sockets(layout: DeviceLayout) -> str | None:
     path, uid, gid, name = found
     try:
         done = prepare_socket_dir(path, uid, gid, socket_name=name)
-    except (SocketDirError, OSError) as exc:
+        meta = json.loads((layout.current / "edge-bundle.json").read_text())
+        on_root = lambda d: d if layout.is_system_root or not d else str(layout.root / d.lstrip("/"))  # noqa: E731
+        prepare_host_dirs(uid, gid, on_root(meta.get("metrics_dir")), on_root(meta.get("state_dir")))
+    except (SocketDirError, OSError, ValueError) as exc:
         return f"warning: socket directory {path} not prepared: {exc}; edge-supervise prepares (or refuses) it at start"
     changed = ["created"] if done["created"] else []
     if done["chowned_from"]:

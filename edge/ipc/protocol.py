@@ -186,8 +186,9 @@ class InferResult:
     truncated: list  # per text
     queue_ms: float
     compute_ms: float
-    lineage: Lineage
+    lineage: Lineage  # of what served it: the fallback's when degraded
     request_id: RequestId | None = None
+    degraded: bool = False  # served by the breaker's fallback (docs/breaker.md)
     OPTIONAL = frozenset({"request_id"})
 
     def frames(self, encoding: str, embeddings: Any) -> list:

@@ -63,12 +63,16 @@ def peer_address(frame: zmq.Frame) -> str | None:
         return None
 
 
-def result_frames(request: Request, peer: Peer, lineage: P.Lineage) -> list:
+def result_frames(request: Request, peer: Peer, lineage: P.Lineage, fallback: Any = None) -> list:
+    """The result of ``request``; a degraded one names ``fallback``'s lineage (what served it)."""
     out = np.ascontiguousarray(request.out, dtype=P.EMBEDDING_DTYPE)  # (N, D) little-endian float32
+    degraded = bool(request.degraded)
+    if degraded and fallback is not None and fallback.lineage is not None:
+        lineage = fallback.lineage
     result = P.InferResult(
         trace_id=request.trace_id, count=out.shape[0], dim=out.shape[1], token_counts=request.tokens,
         buckets=request.buckets, truncated=request.truncated, queue_ms=request.queue_ms,
-        compute_ms=request.compute_ms, lineage=lineage, request_id=request.request_id)
+        compute_ms=request.compute_ms, lineage=lineage, request_id=request.request_id, degraded=degraded)
     return result.frames(peer.encoding, out.data)
 
 
@@ -84,6 +88,15 @@ def queue_info(core: Any, in_flight: int, by_bucket: bool = False) -> P.QueueInf
     """The ``queue`` block of health and stats (``core``: edge.serving.core.ServingCore)."""
     depth = {str(b): core.scheduler.queued(b) for b in core.shapes.buckets} if by_bucket else None
     return P.QueueInfo(**core.admission.info(), in_flight=in_flight, by_bucket=depth)
+
+
+def breaker_info(core: Any) -> dict:
+    """The ``breaker`` block of stats: its state and counts, and the fallback's lineage (or null)."""
+    info = core.breaker.snapshot()
+    fb = core.fallback
+    info["fallback"] = None if fb is None else (fb.lineage.as_dict() if fb.lineage is not None else
+                                                 {"engine": fb.engine.name, "device": fb.engine.device})
+    return info
 
 
 def health_reply(server: Any, peer: Peer, ready: bool, in_flight: int) -> P.HealthReply:
@@ -102,6 +115,7 @@ def stats_reply(server: Any, peer: Peer, in_flight: int, connections: dict) -> P
     extra = server.extra_stats() if server.extra_stats else {}
     if server.journal is not None:
         extra = {**extra, "journal": server.journal.info()}
+    extra = {**extra, "breaker": breaker_info(server.core)}
     return P.StatsReply(metrics={**server.metrics.snapshot(), **extra}, state=server.state.value,
                         queue=queue_info(server.core, in_flight, True), lineage=server.lineage,
                         settings=serving_info(server.core.shapes, server.limits), timeline=timeline,

@@ -384,7 +384,7 @@ class IpcServer:
         peer: Peer = request.reply_to
         if code is None:
             try:
-                frames = result_frames(request, peer, self.lineage)
+                frames = result_frames(request, peer, self.lineage, self.core.fallback)
             except Exception as exc:  # e.g. an engine output that cannot be encoded
                 log_exception("ipc.encode_failed", level="error", trace_id=request.trace_id)
                 code, message = ErrorCode.INTERNAL, f"encoding the result failed: {type(exc).__name__}"

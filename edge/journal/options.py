@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["DEFAULT_JOURNAL_MAX_BYTES", "MIN_JOURNAL_MAX_BYTES", "MAX_KEEP_REJECTED", "OFF", "env_setting",
+__all__ = ["ENVIRONMENT", "DEFAULT_JOURNAL_MAX_BYTES", "MIN_JOURNAL_MAX_BYTES", "MAX_KEEP_REJECTED", "OFF", "env_setting",
            "default_state_dir", "state_dir", "journal_dir", "rejected_dir", "parse_bytes", "add_serve_arguments"]
 
 # 256 MiB: about 1.2 million entries of ~210 bytes (one text each), a day at 14 requests/s;
@@ -27,6 +27,12 @@ DEFAULT_JOURNAL_MAX_BYTES = 256 << 20
 MIN_JOURNAL_MAX_BYTES = 64 << 10  # below this a segment could not hold a few entries (bytes)
 MAX_KEEP_REJECTED = 10_000  # samples; each at most 4 KiB of payload and ~1 KiB of metadata
 OFF = "off"  # --journal-dir off: no journal
+ENVIRONMENT = {  # merged into edge.settings.ENVIRONMENT
+    "EDGE_STATE_DIR": "edge serve --state-dir, and where edge trace --state-dir looks by default",
+    "EDGE_JOURNAL_DIR": "edge serve --journal-dir (off: no journal), and edge trace --journal-dir",
+    "EDGE_JOURNAL_MAX_BYTES": "edge serve --journal-max-bytes",
+    "EDGE_KEEP_REJECTED": "edge serve --keep-rejected",
+}
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 

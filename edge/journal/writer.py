@@ -40,11 +40,14 @@ FLUSH_S = 1.0  # the buffer goes to the kernel at least this often (s)
 class Journal:
     def __init__(self, directory: str | None, max_bytes: int, lineage: dict, *, rejected_dir: str | None = None,
                  keep_rejected: int = 0, queue_max: int = QUEUE_MAX, flush_s: float = FLUSH_S,
-                 segment_bytes: int | None = None, explicit: bool = True) -> None:
+                 segment_bytes: int | None = None, explicit: bool = True, fallback_lineage: dict | None = None) -> None:
         self.directory = directory if directory and max_bytes else None
         self.max_bytes = max_bytes
         self.lineage = dict(lineage)
         self.lid = lineage_id(self.lineage)
+        # A degraded reply (the breaker's fallback served it) names the fallback's lineage.
+        self.fallback_lineage = dict(fallback_lineage) if fallback_lineage else None
+        self.fallback_lid = lineage_id(self.fallback_lineage) if fallback_lineage else None
         self.segments = SegmentFiles(self.directory, max_bytes, segment_bytes) if self.directory else None
         self.rejected = RejectedStore(rejected_dir, keep_rejected) if rejected_dir and keep_rejected > 0 else None
         # What the I/O thread copies from each message for a sample (bytes; 0: nothing).
@@ -179,7 +182,9 @@ class Journal:
 
     def _write(self, item: tuple, offset: float) -> None:
         try:
-            self.segments.append(entry_line(item, offset, self.lid), self.lid, self.lineage, self._pid)
+            degraded = item[11] is not None and item[11][8] and self.fallback_lid is not None
+            lid, lineage = (self.fallback_lid, self.fallback_lineage) if degraded else (self.lid, self.lineage)
+            self.segments.append(entry_line(item, offset, lid), lid, lineage, self._pid)
             self.written += 1
         except ValueError:  # an entry larger than a quarter of a segment (a tiny cap)
             self.too_large += 1
@@ -225,7 +230,7 @@ class Journal:
                    "and restart, or set --journal-dir off / --keep-rejected 0")
 
 
-def open_journal(args: Any, lineage: dict) -> Journal | None:
+def open_journal(args: Any, lineage: dict, fallback_lineage: dict | None = None) -> Journal | None:
     """The journal ``edge serve``'s arguments ask for (not started), or None when they ask for
     neither entries nor samples."""
     from edge.journal.options import journal_dir, rejected_dir, state_dir
@@ -238,4 +243,4 @@ def open_journal(args: Any, lineage: dict) -> Journal | None:
     if directory is None and not keep:
         return None
     return Journal(directory, max_bytes, lineage, rejected_dir=rejected_dir(state) if keep else None,
-                   keep_rejected=keep, explicit=bool(given_state or given_dir))
+                   keep_rejected=keep, explicit=bool(given_state or given_dir), fallback_lineage=fallback_lineage)

@@ -18,6 +18,7 @@ from typing import Any
 
 from edge.device import device_kind
 from edge.serving.admission import Admission
+from edge.serving.breaker import CircuitBreaker, Fallback
 from edge.serving.engine_loop import EngineLoop
 from edge.serving.metrics import Metrics
 from edge.serving.request import Cancel, Request
@@ -33,22 +34,27 @@ __all__ = ["ServingCore"]
 class ServingCore:
     def __init__(self, engine: Any, tokenizer: Any, settings: ServingSettings | dict | None = None, *,
                  max_seq_length: int | None = None, buffers: dict | None = None,
-                 shapes: BatchShapes | None = None) -> None:
+                 shapes: BatchShapes | None = None, breaker: CircuitBreaker | None = None,
+                 fallback: Fallback | None = None) -> None:
         """``settings``: the package's record (a dict is validated into one, as a manifest's is).
         ``buffers``: input buffers from ``edge.warmup.preallocate`` (pinned on CUDA); made here
-        when not given. ``shapes``: the ones boot warmed with; derived here when not given."""
+        when not given. ``shapes``: the ones boot warmed with; derived here when not given.
+        ``breaker``: the circuit breaker (its defaults when not given); ``fallback``: what serves
+        while it is open (none: requests then fail fast with BREAKER_OPEN)."""
         if shapes is None:
             if not isinstance(settings, ServingSettings):
                 settings = ServingSettings.model_validate(settings or {})
             shapes = BatchShapes(settings, max_seq_length=max_seq_length, kind=device_kind(engine.device))
         self.shapes = shapes
         self.engine = engine
+        self.fallback = fallback
+        self.breaker = breaker or CircuitBreaker(has_fallback=fallback is not None)
         self.metrics = Metrics(shapes.buckets)
         self.admission = Admission(tokenizer, shapes)
         self.scheduler = BucketScheduler(shapes)
         self.loop = EngineLoop(engine, self.scheduler, pad_id=getattr(tokenizer, "pad_id", 0),
                                buffers=buffers if buffers is not None else preallocate(shapes, engine),
-                               metrics=self.metrics)
+                               metrics=self.metrics, breaker=self.breaker, fallback=fallback)
         self.outbox = self.loop.outbox
         self.tokenize = TokenizeStage(self.admission, self.loop.submit, self.outbox, self.metrics)
         self._thread: threading.Thread | None = None

@@ -5,6 +5,12 @@ and a condition variable). Results go out through :attr:`EngineLoop.outbox` (:cl
 :class:`Failed`, :class:`CancelOutcome`), after which ``wake()`` tells the transport's I/O
 thread to read it; the loop never touches a socket. It blocks on the condition when nothing is
 due (timeout: the nearest max_delay or deadline), and never spins.
+
+With a circuit breaker (edge/serving/breaker.py) every batch is routed: to the primary engine,
+to the fallback while the breaker is open (the requests are marked ``degraded``), or failed at
+once with BREAKER_OPEN when there is no fallback. With a fallback the primary runs on a worker
+thread of its own (edge/serving/engine_worker.py), so a primary that hangs costs the batch its
+deadline, not the loop: the fallback, owned by this thread, goes on serving.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import numpy as np
 
 from edge.errors import ErrorCode
 from edge.log import log, log_exception
+from edge.serving.breaker import BreakerState, CircuitBreaker, Fallback, PrimaryTimeout, Route
+from edge.serving.engine_worker import EngineWorker
 from edge.serving.metrics import Metrics
 from edge.serving.request import Admit, Cancel, CancelOutcome, Failed, Finished, Part, Request
 from edge.serving.scheduler import BucketScheduler
@@ -28,7 +36,8 @@ __all__ = ["EngineLoop"]
 class EngineLoop:
     def __init__(self, engine: Any, scheduler: BucketScheduler, *, pad_id: int,
                  buffers: dict[int, tuple[np.ndarray, np.ndarray]], metrics: Metrics,
-                 wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic) -> None:
+                 wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
+                 breaker: CircuitBreaker | None = None, fallback: Fallback | None = None) -> None:
         self.engine = engine
         self.sched = scheduler
         self.shapes = scheduler.shapes
@@ -44,6 +53,9 @@ class EngineLoop:
         self._batch_no = 0
         self._dim: int | None = None  # embedding width, fixed by the first batch
         self._current: list[Part] = []  # the batch being run
+        self.breaker = breaker
+        self.fallback = fallback
+        self.worker = EngineWorker(engine) if fallback is not None else None  # the primary's own thread
 
     # ------------------------------------------------- called by other threads
 
@@ -57,6 +69,8 @@ class EngineLoop:
         with self._cond:
             self._stop = True
             self._cond.notify()
+        if self.worker is not None:
+            self.worker.stop()
 
     # ------------------------------------------------------------ the loop
 
@@ -115,10 +129,12 @@ class EngineLoop:
         self._fail([p.request for p in self._current] + self.sched.queued_requests(), ErrorCode.INTERNAL, message)
         self._current = []
 
-    def _compute(self, bucket: int, parts: list[Part]) -> tuple[np.ndarray, int, int, float]:
-        """Pad the parts into the bucket's buffers and run the engine: (out (rows, D), rows, tokens, start)."""
+    def _compute(self, bucket: int, parts: list[Part], route: Route = Route.PRIMARY,
+                 until: float = 0.0) -> tuple[np.ndarray, int, int, float]:
+        """Pad the parts into the bucket's buffers and run the engine ``route`` names: (out (rows, D),
+        rows, tokens, start). ``until``: when to stop waiting for a primary on its worker."""
         n = len(parts)
-        ids_buf, mask_buf = self.buffers[bucket]
+        ids_buf, mask_buf = (self.fallback.buffers if route is Route.FALLBACK else self.buffers)[bucket]
         rows = self.shapes.padded_rows(n, bucket)
         ids, mask = ids_buf[:rows], mask_buf[:rows]  # (rows, bucket) int64 views
         ids.fill(self.pad_id)
@@ -133,28 +149,64 @@ class EngineLoop:
             ids[n:] = ids[0]
             mask[n:] = mask[0]
         start = self._clock()
-        out = np.asarray(self.engine.run(ids, mask))  # (rows, D) float32
+        if route is Route.FALLBACK:
+            out = np.asarray(self.fallback.engine.run(ids, mask))  # (rows, D) float32
+        else:
+            out = np.asarray(self._on_primary(ids, mask, until))
         if out.ndim != 2 or out.shape[0] != rows or (self._dim is not None and out.shape[1] != self._dim):
             raise ValueError(f"engine returned shape {out.shape}, expected ({rows}, {self._dim or 'D'})")
         self._dim = out.shape[1]
         return out, rows, tokens, start
 
+    def _on_primary(self, ids, mask, until: float):
+        """The primary's run: here, or on its worker when a fallback exists, given up on at ``until``."""
+        if self.worker is None:
+            return self.engine.run(ids, mask)
+        if not self.worker.wait_idle(until - self._clock()):
+            raise PrimaryTimeout("the primary engine is still running an earlier batch it was given up on")
+        self.worker.start(ids, mask)
+        done, out = self.worker.wait(max(0.0, until - self._clock()))
+        if not done:
+            raise PrimaryTimeout("the primary engine did not return before the batch's last deadline")
+        return out
+
+    def _route(self) -> Route:
+        if self.breaker is None:
+            return Route.PRIMARY
+        route = self.breaker.route()
+        if route is Route.PRIMARY and self.breaker.state is BreakerState.HALF_OPEN and self.worker.busy:
+            self.breaker.probe_skipped()  # the probe waits until the primary has left its old run
+            route = Route.FALLBACK
+        return route
+
     def _run_batch(self, bucket: int, parts: list[Part]) -> None:
         self._current = parts
         self._batch_no += 1
-        try:
-            out, rows, tokens, start = self._compute(bucket, parts)
-        except Exception as exc:
+        requests = list({id(p.request): p.request for p in parts}.values())
+        route = self._route()
+        if route is Route.FAIL_FAST:
+            self.breaker.count(route, len(requests))
             self.sched.batch_done(self._clock())
-            self.metrics.engine_failed()
-            log("engine.batch_failed", level="error", texts=len(parts), bucket=bucket, error=repr(exc),
-                trace_ids=sorted({p.request.trace_id for p in parts}))
-            self._fail([p.request for p in parts], ErrorCode.ENGINE_FAILED,
-                       f"engine failed: {type(exc).__name__}: {exc}"[:300])
+            self._fail(requests, ErrorCode.BREAKER_OPEN, "the circuit breaker is open (the engine kept missing "
+                       "deadlines or failing) and there is no fallback; retry after its cool-down")
             self._current = []
+            return
+        until = max(r.deadline if r.deadline is not None else r.eff_deadline for r in requests)
+        try:
+            out, rows, tokens, start = self._compute(bucket, parts, route, until)
+        except Exception as exc:
+            self._batch_failed(bucket, parts, requests, route, exc)
             return
         end = self._clock()
         self.sched.batch_done(end)
+        if route is Route.FALLBACK:
+            newly = [r for r in requests if not r.degraded]  # a request's texts may span several batches
+            self.breaker.count(route, len(newly))
+            for request in newly:
+                request.degraded = True
+        elif self.breaker is not None:
+            late = sum(1 for r in requests if r.deadline is not None and end > r.deadline)
+            self.breaker.primary_done(len(requests) - late, late, f"{late} request(s) answered after their deadline")
         compute_ms = (end - start) * 1000.0
         self.metrics.batch(bucket, len(parts), rows, tokens, compute_ms)
         for i, p in enumerate(parts):
@@ -174,4 +226,22 @@ class EngineLoop:
                 request.finished = True
                 request.done = end
                 self._emit(Finished(request))
+        self._current = []
+
+    def _batch_failed(self, bucket: int, parts: list[Part], requests: list[Request], route: Route,
+                      exc: Exception) -> None:
+        """The engine raised, or the primary timed out: every request of the batch fails (and, on the
+        primary, counts against it)."""
+        self.sched.batch_done(self._clock())
+        timed_out = isinstance(exc, PrimaryTimeout)
+        if route is Route.PRIMARY and self.breaker is not None:
+            self.breaker.primary_done(0, len(requests), f"{type(exc).__name__}: {exc}"[:200])
+        if not timed_out:
+            self.metrics.engine_failed()
+        log("engine.batch_failed", level="error", texts=len(parts), bucket=bucket, error=repr(exc), route=route.value,
+            trace_ids=sorted({r.trace_id for r in requests}))
+        if timed_out:
+            self._fail(requests, ErrorCode.DEADLINE_EXCEEDED, f"{exc}"[:300])
+        else:
+            self._fail(requests, ErrorCode.ENGINE_FAILED, f"engine failed: {type(exc).__name__}: {exc}"[:300])
         self._current = []

@@ -28,7 +28,7 @@ import zmq
 from edge.ipc import protocol as P
 from edge.launch import boot_argv, compile_bytecode
 from edge.readiness import stop_process
-from edge.socket_dir import ipc_socket_name, prepare_socket_dir
+from edge.socket_dir import ipc_socket_name, prepare_host_dirs, prepare_socket_dir
 
 __all__ = ["first_reply_s", "main"]
 
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     # As edge-supervise prepares it (edge/socket_dir.py): owner, 0750, root's leftovers removed.
     prepare_socket_dir(meta["socket_dir"], meta["user"]["uid"], meta["user"]["gid"],
                        socket_name=ipc_socket_name(meta["address"]) or "edge.sock")
+    prepare_host_dirs(meta["user"]["uid"], meta["user"]["gid"], meta.get("metrics_dir"), meta.get("state_dir"))
 
     def stop_container(cid):
         def runc_term(_proc):  # the child is runc run: the container's init gets the TERM through runc

@@ -19,10 +19,12 @@ from __future__ import annotations
 from image.bundle import seccomp
 
 __all__ = ["OCI_VERSION", "CONTAINER_SOCKET_DIR", "CONTAINER_METRICS_DIR", "NOTIFY_DIR", "MOUNTPOINTS", "NOFILE",
-           "PIDS_LIMIT", "MEMORY_HEADROOM", "memory_limit", "runtime_config", "add_metrics_dir"]
+           "PIDS_LIMIT", "MEMORY_HEADROOM", "STATE_DIR", "memory_limit", "runtime_config", "add_metrics_dir",
+           "add_state_dir", "host_dirs"]
 
 OCI_VERSION = "1.0.2-dev"  # `runc spec` of runc 1.1.x writes this version
 CONTAINER_SOCKET_DIR = "/run/edge"
+STATE_DIR = "/var/lib/edge/runtime"  # host and container: the runtime's state (journal, rejected samples)
 CONTAINER_METRICS_DIR = "/run/edge-metrics"  # --metrics-dir's bind: the runtime writes edge.prom there
 NOTIFY_DIR = "/run/notify"  # where runc bind-mounts its NOTIFY_SOCKET relay (runc 1.1)
 TMP_SIZE = "64m"  # /tmp tmpfs: ORT's database, nothing big (bytes, tmpfs size= syntax)
@@ -104,6 +106,27 @@ def add_metrics_dir(config: dict, metrics_dir_host: str | None) -> None:
     config["process"]["env"].append(f"EDGE_METRICS_TEXTFILE={CONTAINER_METRICS_DIR}")
 
 
+def add_state_dir(config: dict, state_dir_host: str = STATE_DIR) -> None:
+    """Bind ``state_dir_host`` on :data:`STATE_DIR` (read-write: the root is read-only) as the
+    runtime's state directory (``EDGE_STATE_DIR``: its request journal and kept rejected samples,
+    docs/trace.md). By default the host directory is that same path, so ``edge trace`` on the host
+    finds what the container wrote without ``--state-dir``.
+    ``EDGE_CODE_COMMIT``: the commit the runtime's code was built from, for the replies' lineage."""
+    from edge.version import code_commit
+
+    config["mounts"].append({"destination": STATE_DIR, "type": "bind", "source": state_dir_host,
+                             "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]})
+    config["process"]["env"].append(f"EDGE_STATE_DIR={STATE_DIR}")
+    config["process"]["env"] += [f"EDGE_CODE_COMMIT={c}" for c in [code_commit()] if c]
+
+
+def host_dirs(config: dict) -> dict[str, str]:
+    """The host directories besides the socket's that ``config`` binds read-write: ``metrics_dir``
+    and ``state_dir`` (edge/socket_dir.py ``prepare_host_dirs`` makes them the runtime's)."""
+    keys = {CONTAINER_METRICS_DIR: "metrics_dir", STATE_DIR: "state_dir"}
+    return {keys[m["destination"]]: m["source"] for m in config.get("mounts", []) if m["destination"] in keys}
+
+
 def tmp_bind_mounts(roots: list[str]) -> list[dict]:
     """Read-only binds of the rootfs copies of ``roots`` over the /tmp tmpfs (sources relative to the bundle)."""
     from image.bundle.rootfs import store_path
@@ -114,12 +137,13 @@ def tmp_bind_mounts(roots: list[str]) -> list[dict]:
 
 def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, socket_dir_host: str,
                    arch: str, memory_bytes: int, pids: int = PIDS_LIMIT, nofile: int = NOFILE,
-                   share_host_network: bool = False, hostname: str = "edge", tmp_roots: list[str] = ()) -> dict:
+                   share_host_network: bool = False, hostname: str = "edge", tmp_roots: list[str] = (),
+                   state_dir_host: str = STATE_DIR) -> dict:
     """The config.json dict (before CDI edits are merged); ``memory_bytes`` from :func:`memory_limit`."""
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]  # cgroup: sees only its own
     if not share_host_network:
         namespaces.append({"type": "network"})  # loopback only: ipc:// needs no network
-    return {
+    config = {
         "ociVersion": OCI_VERSION,
         "process": {
             "terminal": False,
@@ -151,3 +175,5 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
         },
         "annotations": {"org.opencontainers.image.title": "edge", "com.edge.bundle": "1"},
     }
+    add_state_dir(config, state_dir_host)  # every bundle: its request journal outlives the container
+    return config

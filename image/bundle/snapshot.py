@@ -176,14 +176,16 @@ def _check_searchable(paths: list[Path]) -> None:
                                     f"{path}: chmod o+x {d}, or keep the bundle and the socket directory elsewhere")
 
 
-def _prepare_socket_dir(path: Path, uid: int, gid: int) -> None:
+def _prepare_socket_dir(path: Path, uid: int, gid: int, config: dict) -> None:
     """The socket directory made the runtime's as every starter makes it (edge/socket_dir.py), and
     MARKER and RESUME removed whoever wrote them: an earlier run's would be read as this one's.
     A directory it refuses (a symlink, not a directory, writable by others) is a SnapshotError."""
-    from edge.socket_dir import SocketDirError, prepare_socket_dir  # its SNAPSHOT_FILES: MARKER, RESUME
+    from edge.socket_dir import SocketDirError, prepare_host_dirs, prepare_socket_dir  # SNAPSHOT_FILES: MARKER, RESUME
+    from image.bundle.oci_config import host_dirs
 
     try:
         prepare_socket_dir(path, uid, gid, snapshot_files=True)
+        prepare_host_dirs(uid, gid, **host_dirs(config))  # runc binds them: they must exist
     except SocketDirError as exc:
         raise SnapshotError(str(exc)) from None
 
@@ -251,8 +253,10 @@ def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None
     (staging / "config.json").write_text(json.dumps(checkpoint_config, indent=1))
     user = config["process"]["user"]
     sockets = _socket_dir(config)
-    _check_searchable([Path(config["root"]["path"]), sockets])
-    _prepare_socket_dir(sockets, user["uid"], user["gid"])
+    from image.bundle.oci_config import host_dirs
+
+    _check_searchable([Path(config["root"]["path"]), sockets, *map(Path, host_dirs(config).values())])
+    _prepare_socket_dir(sockets, user["uid"], user["gid"], config)
     cid = f"edge-snapshot-{os.getpid()}"
     t0 = time.monotonic()
     say(f"starting {bundle.name} to its snapshot point")
@@ -339,7 +343,7 @@ def restore(bundle: Path, cid: str, *, runc: str = "runc", timeout_s: float = 60
     config = json.loads((snap / "config.json").read_text())
     user = config["process"]["user"]
     sockets = _socket_dir(config)
-    _prepare_socket_dir(sockets, user["uid"], user["gid"])
+    _prepare_socket_dir(sockets, user["uid"], user["gid"], config)
     pid_file = snap / f".{cid}.pid"
     pid_file.unlink(missing_ok=True)
     started = time.clock_gettime_ns(time.CLOCK_REALTIME)

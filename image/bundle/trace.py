@@ -123,7 +123,10 @@ def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, 
     if use_strace == "on" and strace is None:
         raise TraceError("--strace on, but strace is not installed on the build host")
     run_env = {**env, "HOME": str(workdir / "home"),
-               "EDGE_TRACE_OUT": str(out), "EDGE_TIMELINE": str(workdir / "timeline.json")}
+               "EDGE_TRACE_OUT": str(out), "EDGE_TIMELINE": str(workdir / "timeline.json"),
+               # its request journal in the work directory: the build host's /var/lib is not the
+               # bundle's (the container binds its own state directory there), and nothing is copied
+               "EDGE_STATE_DIR": str(workdir / "state")}
     cmd = [python, "-S", "-c", HOOK_SOURCE, *boot_args, "--bind", address]
     strace_out = workdir / "strace.txt"
     if strace:

@@ -88,12 +88,15 @@ def bundle_meta(bundle: Path) -> dict:
 
 
 def prepare_socket_dir(meta: dict) -> Path:
-    """What edge-supervise does on the device: the socket directory, owned by the runtime's user."""
-    d = Path(meta["socket_dir"])
-    d.mkdir(parents=True, exist_ok=True)
-    os.chown(d, meta["user"]["uid"], meta["user"]["gid"])
-    os.chmod(d, 0o750)
-    return d
+    """What edge-supervise does on the device (edge/socket_dir.py): the socket directory and the
+    state directory, the runtime's user's."""
+    from edge.socket_dir import ipc_socket_name, prepare_host_dirs
+    from edge.socket_dir import prepare_socket_dir as prepare
+
+    uid, gid = meta["user"]["uid"], meta["user"]["gid"]
+    prepare(meta["socket_dir"], uid, gid, socket_name=ipc_socket_name(meta.get("address")))
+    prepare_host_dirs(uid, gid, meta.get("metrics_dir"), meta.get("state_dir"))
+    return Path(meta["socket_dir"])
 
 
 class Container(NotifiedProcess):

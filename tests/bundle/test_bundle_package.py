@@ -58,7 +58,8 @@ def ts_bundle(minilm_package, tmp_path_factory):
 
     home = tmp_path_factory.mktemp("ts")
     out = home / "bundle"
-    build_bundle(out, package=minilm_package, engine="torchscript", socket_dir=str(home / "run"), user=(UID, GID))
+    build_bundle(out, package=minilm_package, engine="torchscript", socket_dir=str(home / "run"), user=(UID, GID),
+                 state_dir=str(home / "state"))
     yield out
     shutil.rmtree(home, ignore_errors=True)
 

@@ -91,6 +91,28 @@ def test_replies_name_the_bundle_they_came_from(container, ort_bundle):
     assert lineage["package_sha256"] == meta["package"]["package_sha256"] and lineage["edge_version"]
 
 
+def test_a_reply_of_the_bundle_is_traced_from_the_host(container, ort_bundle):
+    """The container writes its request journal in the host's state directory (a bind of its
+    own), so `edge trace ID` on the host finds a reply of the bundle, with the bundle's lineage."""
+    from edge.ipc.client import EdgeClient
+
+    meta = bundle_meta(ort_bundle)
+    with EdgeClient(meta["address"], timeout_s=30) as client:
+        result = client.embed(["where is this reply recorded?", "and this one"])
+    trace_id = result.meta["trace_id"]
+    cmd = [sys.executable, "-m", "edge.cli", "trace", trace_id, "--state-dir", meta["state_dir"], "--json"]
+    deadline = time.monotonic() + 10  # the journal's writer flushes about every second
+    while True:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        if r.returncode != 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    entry = json.loads(r.stdout)
+    text = json.dumps(entry)
+    assert trace_id in text and meta["bundle_sha256"] in text and meta["package"]["package_sha256"] in text, entry
+
+
 def test_root_is_read_only_and_no_capabilities_inside(container, ort_bundle):
     python = bundle_meta(ort_bundle)["python"]
     check = (

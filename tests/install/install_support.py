@@ -12,11 +12,14 @@ __all__ = ["REPO_ROOT", "tree_digest", "run_cli"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def tree_digest(top: Path) -> str:
+def tree_digest(top: Path, skip: tuple[str, ...] = ()) -> str:
     """Every path under ``top`` with its type, mode, owner and content (file bytes, link target);
-    not times: a refused install must leave this equal."""
+    not times: a refused install must leave this equal. ``skip``: names right under ``top`` left out."""
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(top):
+        if Path(dirpath) == Path(top):
+            dirnames[:] = [d for d in dirnames if d not in skip]
+            filenames = [f for f in filenames if f not in skip]
         dirnames.sort()
         for name in sorted(dirnames + filenames):
             p = Path(dirpath) / name

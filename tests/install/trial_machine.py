@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
 from bundle_support import REPO, host_nofile  # noqa: E402
 from image.bundle.digest import ENV_NAME, bundle_digest  # noqa: E402
+from image.bundle.oci_config import STATE_DIR  # noqa: E402
 
 UNITS = "/etc/systemd/system"
 PROBE = Path(__file__).with_name("trial_probe.py")
@@ -66,6 +67,8 @@ def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: lis
     for m in config["mounts"]:
         if m["destination"] == "/run/edge":
             m["source"] = socket_dir
+        elif m["destination"] == STATE_DIR:  # the machine's own (its /var/lib/edge is bound in)
+            m["source"] = STATE_DIR
     if wrap:
         proc["args"] = [proc["args"][0], *wrap, *proc["args"]]
     proc["env"] = [f"EDGE_BUNDLE_SOCKET_DIR={socket_dir}" if e.startswith("EDGE_BUNDLE_SOCKET_DIR=") else e
@@ -74,7 +77,7 @@ def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: lis
     proc["env"].append(f"{ENV_NAME}={digest}")
     (out / "config.json").write_text(json.dumps(config, indent=2))
     meta = json.loads((src / "edge-bundle.json").read_text())
-    meta.update(bundle_sha256=digest, socket_dir=socket_dir, address=f"ipc://{socket_dir}/edge.sock")
+    meta.update(bundle_sha256=digest, socket_dir=socket_dir, address=f"ipc://{socket_dir}/edge.sock", state_dir=STATE_DIR)
     (out / "edge-bundle.json").write_text(json.dumps(meta, indent=2))
     return out
 

@@ -121,8 +121,8 @@ def test_build_info_names_the_lineage_and_none_as_empty():
     assert key[0] == "edge_build_info" and v == 1
     assert labels["model"] == "m" and labels["model_sha256"] == "a" * 64 and labels["engine"] == "ort"
     assert labels["bundle_sha256"] == "" and labels["device"] == ""
-    assert set(labels) == {"edge_version", "model", "model_sha256", "tokenizer_sha256", "package_sha256",
-                           "bundle_sha256", "engine", "device"}
+    assert set(labels) == {"edge_version", "edge_commit", "model", "model_sha256", "tokenizer_sha256",
+                           "package_sha256", "bundle_sha256", "engine", "device"}
 
 
 # ------------------------------------------------------------------ telemetry
@@ -222,7 +222,7 @@ def test_exposition_of_a_serving_server(fake_server, client):
     assert value(found, "edge_boot_stage_seconds", stage="load_engine") == pytest.approx(0.0275)
     assert value(found, "edge_boot_exec_to_ready_seconds") == 0.055
     info = [dict(k[1]) for k in found if k[0] == "edge_build_info"]
-    assert info == [{"edge_version": "0.1.0", "model": "fake-model", "model_sha256": "m" * 64,
+    assert info == [{"edge_version": "0.1.0", "edge_commit": "", "model": "fake-model", "model_sha256": "m" * 64,
                      "tokenizer_sha256": "t" * 64, "package_sha256": "p" * 64, "bundle_sha256": "",
                      "engine": "fake", "device": "cpu"}]
     assert value(found, "edge_telemetry_gpu_load_ratio", gpu="ga10b") == 0.375
