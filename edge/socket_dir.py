@@ -100,8 +100,9 @@ def check_socket_dir(path, gid):
     return st
 
 
-def _sd_parents(path):
-    """The missing directories above ``path``, made root's 0755 whatever the umask (like /run's)."""
+def make_parents(path):
+    """The missing directories above ``path``, made root's 0755 whatever the umask (like /run's and
+    /var/cache's): searchable by all, as a snapshot restore's paths must be. What exists stays as it is."""
     missing = []
     d = os.path.dirname(os.path.abspath(path))
     while d and not os.path.isdir(d):
@@ -180,7 +181,7 @@ def prepare_socket_dir(path, uid, gid, mode=SOCKET_DIR_MODE, *, socket_name=SOCK
     path = os.fspath(path)
     done = {"path": path, "created": False, "chowned_from": None, "chmodded_from": None, "removed": [], "live": []}
     check_socket_dir(path, gid)  # the reasons named, before anything is written
-    _sd_parents(path)
+    make_parents(path)
     try:
         os.mkdir(path, 0o700)  # nobody else's until it is the runtime's
         done["created"] = True

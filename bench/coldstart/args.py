@@ -125,7 +125,11 @@ def _writable(path: Path, flag: str) -> None:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """The path arguments' mistakes, before the burn-in (which alone takes seconds)."""
+    """The path arguments' mistakes, before the burn-in (which alone takes seconds). The runtime
+    runs in a work directory of its own: the paths it is given are made absolute here."""
+    for name in ("package", "bundle", "model_dir"):
+        if getattr(args, name):
+            setattr(args, name, getattr(args, name).absolute())
     if args.snapshot and os.geteuid() != 0:
         raise UsageError("--snapshot runs `runc checkpoint` and `runc restore`, which need root: run as root (sudo)")
     if args.bundle:

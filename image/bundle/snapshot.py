@@ -84,22 +84,6 @@ def _bundle_sha256(bundle: str) -> str | None:
     return sha if isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) else None
 
 
-def _make_parents(snap: Path) -> None:
-    """The missing directories above ``snap`` (``var/cache/edge/<sha>/``), made 0755 whatever the umask,
-    like the rest of ``/var/cache``: root's, and searchable by all, as a restore's paths must be."""
-    missing = []
-    d = os.path.dirname(snap)
-    while not os.path.isdir(d):
-        missing.append(d)
-        d = os.path.dirname(d)
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o755)
-        except FileExistsError:
-            continue
-        os.chmod(d, 0o755)
-
-
 def _id_map(keep: int) -> list[dict]:
     """Container ids onto host ids: ``keep`` to itself, the rest of 0..65535 above USERNS_BASE."""
     return [{"containerID": 0, "hostID": USERNS_BASE, "size": keep},
@@ -239,7 +223,7 @@ def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None
     bundle = bundle.resolve()
     out = snapshot_dir(bundle)
     staging = out.with_name(f".{out.name}.new-{os.getpid()}")
-    _make_parents(out)
+    make_parents(out)  # root's, 0755, as /var/cache
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "images").mkdir(parents=True)
     _restrict(staging / "images")
@@ -397,3 +381,10 @@ def command(args) -> int:
     print(json.dumps({k: record[k] for k in ("image_bytes", "snapshot_point_s", "checkpoint_s", "dependencies")},
                      indent=2))
     return 0
+
+
+def make_parents(path) -> None:
+    """edge/socket_dir.py ``make_parents`` (imported when called: see MARKER)."""
+    from edge.socket_dir import make_parents as make
+
+    make(path)

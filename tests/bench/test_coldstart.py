@@ -228,3 +228,16 @@ def test_real_cold_run_evicts_the_traced_files(minilm_package, tmp_path):
     # the runtime's traced files (edge's own modules among them) and the package are in the set
     assert evict["files"] > 100 and rec["cache"]["runtime_files_check"]["files"] > 0
     assert "byte-compiled" in rec["cache"]["bytecode"]
+
+
+def test_relative_paths_are_made_absolute_before_the_runs(tmp_path, monkeypatch):
+    """The runtime runs in a work directory of its own: a relative --package must still name the package."""
+    from bench.coldstart.args import check_paths
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "manifest.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    args = cli.parse_args(["--package", "pkg", "--json", str(tmp_path / "r.json")])
+    check_paths(args)
+    assert args.package == pkg and args.package.is_absolute()

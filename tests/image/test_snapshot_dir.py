@@ -100,7 +100,7 @@ def test_a_bundle_that_is_not_exactly_an_installed_slots_keeps_it_beside_itself(
 
 
 def test_the_cache_directories_are_made_0755_whatever_the_umask(sup, tmp_path):
-    for name, make in (("image", S._make_parents), ("supervise", sup._make_parents)):
+    for name, make in (("image", S.make_parents), ("supervise", sup.make_parents)):
         snap = tmp_path / name / "var/cache/edge" / SHA / "snapshot"
         (tmp_path / name).mkdir(mode=0o711)
         old = os.umask(0o077)
