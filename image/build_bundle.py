@@ -387,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     from image.bundle import snapshot
 
     snapshot.add_parser(sub, _EPILOG)
+    from image.bundle import oci_image  # the fleet's form: an OCI image layout (docs/fleet.md)
+
+    oci_image.add_parser(sub, _EPILOG)
     from image.archive import cli as archive_cli  # the build host's side: keygen, pack, verify-archive
 
     archive_cli.add_parsers(sub)
@@ -400,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.command == "snapshot":
                 return snapshot.command(args)
+            if args.command == "image":
+                return oci_image.command(args)
             if args.command in archive_cli.COMMANDS:
                 return archive_cli.command(args)
             if args.command in install_cli.COMMANDS:

@@ -117,6 +117,12 @@ NOT_COMMANDS: dict[str, str] = {
 # the runtime (edge/) reads is in edge.settings.ENVIRONMENT; tests/test_docs.py checks that every
 # EDGE_ name in the tracked files is in one of the two, and in only one.
 NOT_RUNTIME = {
+    "EDGE_IMAGE": "the podman unit's setting (deploy/podman/edge-podman.service), read by systemd: the image "
+                  "podman runs (docs/fleet.md)",
+    "EDGE_PODMAN_GLOBAL": "the podman unit's setting (deploy/podman/edge-podman.service): podman's global "
+                          "flags for this host (docs/fleet.md)",
+    "EDGE_PODMAN_ARGS": "the podman unit's setting (deploy/podman/edge-podman.service): extra podman run "
+                        "flags for this host (docs/fleet.md)",
     "EDGE_TRACE_OUT": "build host only: `edge-bundle build` sets it for the boot it traces; the trace hook "
                       "(image/bundle/_trace_hook.py, loaded into that child) writes the trace there",
     "EDGE_BUNDLE": "the unit's setting (systemd/edge.service, /etc/default/edge), read by systemd: the bundle "

@@ -1,0 +1,38 @@
+"""Fleet tests: the bundle as an OCI image (image/bundle/oci_image.py), the podman unit and the
+k8s manifests of deploy/ (docs/fleet.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
+
+
+@pytest.fixture(scope="session")
+def ort_image(ort_bundle):
+    """(layout, summary): the OCI image of the onnxruntime bundle, cached (fleet_support)."""
+    from fleet_support import cached_image
+
+    return cached_image(ort_bundle)
+
+
+@pytest.fixture(scope="module")
+def bundle_embeddings(ort_bundle, tmp_path_factory):
+    """The bundle's own replies to fleet_support.TEXTS, under runc: what every engine must match."""
+    from bundle_support import bundle_meta, prepare_socket_dir, private_bundle, start_container
+    from fleet_support import embed
+
+    work = tmp_path_factory.mktemp("ref")
+    bundle = private_bundle(ort_bundle, work)
+    meta = bundle_meta(bundle)
+    prepare_socket_dir(meta)
+    container = start_container(bundle, work, prefix="fleet-ref")
+    try:
+        container.wait_ready()
+        return embed(meta["address"])
+    finally:
+        container.stop()

@@ -1,0 +1,82 @@
+"""The image under real engines: ``podman run`` from the layout and ``umoci unpack`` + ``runc run``
+serve the same embeddings as the bundle itself under runc (docs/fleet.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+from bundle_support import READY_DEADLINE_S, bundle_meta, prepare_socket_dir, private_bundle, runc_or_skip, \
+    start_container
+from fleet_support import PODMAN_GLOBAL, PODMAN_LIMITS, assert_same_embeddings, embed, podman_cleanup, tool_or_skip
+
+from edge.readiness import NotifiedProcess, NotReady
+from image.bundle.digest import bundle_digest
+
+
+def test_podman_runs_the_layout_to_ready_and_serves_the_bundles_embeddings(ort_bundle, ort_image, bundle_embeddings,
+                                                                            tmp_path):
+    podman = tool_or_skip("podman")
+    runc_or_skip()
+    layout = tmp_path / "layout"  # podman names the image after the path: no component may start with "."
+    layout.symlink_to(ort_image[0])
+    meta = bundle_meta(private_bundle(ort_bundle, tmp_path))  # a socket directory of its own: tmp_path/run
+    prepare_socket_dir(meta)
+    resources = json.loads((ort_bundle / "config.json").read_text())["linux"]["resources"]
+    name = f"edge-fleet-{uuid.uuid4().hex[:8]}"
+    cmd = [podman, *PODMAN_GLOBAL, "run", "--rm", "--name", name, "--sdnotify=container", *PODMAN_LIMITS,
+           "--read-only", "--cap-drop=all", "--security-opt", "no-new-privileges", "--network", "none",
+           "--user", f"{meta['user']['uid']}:{meta['user']['gid']}",
+           "-v", f"{meta['socket_dir']}:/run/edge", "-v", f"{meta['state_dir']}:/var/lib/edge/runtime",
+           "--tmpfs", "/tmp:rw,nosuid,nodev,noexec,mode=1777,size=64m",
+           "--memory", str(resources["memory"]["limit"]), "--pids-limit", str(resources["pids"]["limit"]),
+           f"oci:{layout}:latest"]
+    proc = NotifiedProcess(cmd, notify_path=tmp_path / "notify.sock", log_path=tmp_path / "podman.log")
+    try:
+        try:
+            proc.wait_ready(READY_DEADLINE_S)  # the runtime's READY=1, through --sdnotify=container
+        except NotReady as exc:
+            raise AssertionError(f"podman run: {exc}\n{proc.output(3000)}") from None
+        assert_same_embeddings(embed(meta["address"]), bundle_embeddings)
+        # the k8s probes' command (deploy/k8s/daemonset.yaml), by PATH inside the image
+        health = subprocess.run([podman, *PODMAN_GLOBAL, "exec", name, "python", "-m", "edge.cli", "health",
+                                 "--connect", "ipc:///run/edge/edge.sock"], capture_output=True, text=True, timeout=60)
+        assert health.returncode == 0 and json.loads(health.stdout)["ready"] is True, health
+        assert proc.stop(30) == 0, proc.output(2000)  # SIGTERM drains; the container exits 0
+    finally:
+        proc.stop(10)
+        podman_cleanup(name)
+
+
+def test_umoci_unpack_gives_the_bundles_rootfs_and_runc_serves_its_embeddings(ort_bundle, ort_image,
+                                                                               bundle_embeddings, tmp_path):
+    umoci = tool_or_skip("umoci")
+    runc_or_skip()
+    layout, _summary = ort_image
+    unpacked = tmp_path / "unpacked"
+    r = subprocess.run([umoci, "unpack", "--image", f"{layout}:latest", str(unpacked)], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    config = json.loads((ort_bundle / "config.json").read_text())
+    # every file and link of the rootfs, byte for byte: the bundle's digest recomputed over the unpacked one
+    assert bundle_digest(unpacked / "rootfs", config) == bundle_meta(ort_bundle)["bundle_sha256"]
+    umoci_process = json.loads((unpacked / "config.json").read_text())["process"]
+    assert umoci_process["args"] == config["process"]["args"]
+    assert [e for e in umoci_process["env"] if not e.startswith("TERM=")] == config["process"]["env"]  # umoci adds TERM
+    assert (umoci_process["user"]["uid"], umoci_process["user"]["gid"]) == (61000, 61000)
+    # runc runs the unpacked rootfs with the bundle's config.json (its mounts, read-only root, limits)
+    bundle = private_bundle(ort_bundle, tmp_path)
+    c = json.loads((bundle / "config.json").read_text())
+    c["root"]["path"] = str(unpacked / "rootfs")
+    (bundle / "config.json").write_text(json.dumps(c))
+    meta = bundle_meta(bundle)
+    prepare_socket_dir(meta)
+    container = start_container(bundle, tmp_path, prefix="fleet-umoci")
+    try:
+        container.wait_ready()
+        assert os.path.exists(meta["address"][len("ipc://"):])
+        assert_same_embeddings(embed(meta["address"]), bundle_embeddings)
+    finally:
+        container.stop()
