@@ -231,6 +231,13 @@ def _check_bundle(bundle: Path) -> dict:
         raise ImageError(f"{bundle} is not a bundle (no config.json, edge-bundle.json and rootfs/); "
                          f"make one with `edge-bundle build --out DIR`")
     meta = json.loads((bundle / "edge-bundle.json").read_text())
+    config = json.loads((bundle / "config.json").read_text())
+    hidden = [m["destination"] for m in config.get("mounts", [])
+              if m.get("type") == "bind" and m["destination"].startswith("/tmp/")]
+    if hidden:  # image/bundle/oci_config.py tmp_bind_mounts: an image cannot carry these binds
+        raise ImageError(f"{bundle}: its environment lies under /tmp ({', '.join(hidden)}); every engine mounts "
+                         f"a tmpfs on /tmp (podman --read-only, the DaemonSet's emptyDir), which would hide it. "
+                         f"Build the bundle from an environment outside /tmp")
     if meta.get("arch") not in PLATFORMS:
         raise ImageError(f"{bundle}: architecture {meta.get('arch')!r} has no OCI platform here "
                          f"(known: {', '.join(sorted(PLATFORMS))})")

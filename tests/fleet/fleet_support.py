@@ -75,5 +75,68 @@ def assert_same_embeddings(got: np.ndarray, want: np.ndarray) -> None:
     assert np.array_equal(got, want) or cos.min() >= 0.9999, cos
 
 
-def podman_cleanup(name: str) -> None:
+def podman_cleanup(name: str, image: str | None = None) -> None:
+    """Remove the container and the image podman stored from a layout (its name, not its layers:
+    another checkout's run may share them)."""
     subprocess.run(["podman", *PODMAN_GLOBAL, "rm", "--force", "--ignore", name], capture_output=True, timeout=60)
+    if image:
+        subprocess.run(["podman", *PODMAN_GLOBAL, "untag", image], capture_output=True, timeout=60)
+        subprocess.run(["podman", *PODMAN_GLOBAL, "image", "prune", "--force"], capture_output=True, timeout=120)
+
+
+QUADLET_DEB = "podman"  # Debian trixie's podman (5.x) carries /usr/libexec/podman/quadlet; bookworm's 4.3 has none
+QUADLET_SUITE = "trixie"
+
+
+def _debian_mirror() -> str | None:
+    """This host's own Debian mirror, from its apt sources (deb822 or one-line form)."""
+    import re
+
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        m = re.search(r"^URIs:\s*(\S+)", path.read_text(), re.M)
+        if m and "security" not in m.group(1):
+            return m.group(1)
+    legacy = Path("/etc/apt/sources.list")
+    if legacy.exists():
+        m = re.search(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+\S+\s+main", legacy.read_text(), re.M)
+        if m and "security" not in m.group(1):
+            return m.group(1)
+    return None
+
+
+def quadlet_or_skip() -> Path:
+    """Quadlet's systemd generator (podman >= 4.4): the installed one, else the one in Debian trixie's
+    podman package, downloaded with apt into a private package list and unpacked into .cache/quadlet
+    (nothing is installed; it links libc only, and runs here)."""
+    installed = Path("/usr/libexec/podman/quadlet")
+    if installed.exists():
+        return installed
+    cache = REPO / ".cache" / "quadlet"
+    binary = cache / "root" / "usr" / "libexec" / "podman" / "quadlet"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.exists():
+            return binary
+        mirror = _debian_mirror()
+        if mirror is None or shutil.which("apt-get") is None:
+            pytest.skip("no Debian mirror in this host's apt sources to fetch podman >= 4.4's quadlet from")
+        lists = cache / "lists"
+        (lists / "partial").mkdir(parents=True, exist_ok=True)
+        (cache / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+        sources = cache / "trixie.sources"
+        sources.write_text(f"Types: deb\nURIs: {mirror}\nSuites: {QUADLET_SUITE}\nComponents: main\n"
+                           f"Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n")
+        opts = ["-o", f"Dir::Etc::sourcelist={sources}", "-o", "Dir::Etc::sourceparts=-",
+                "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={cache / 'apt'}",
+                "-o", "APT::Get::List-Cleanup=0"]  # private lists and cache: the host's apt sees none of it
+        for cmd in (["apt-get", "update", "-qq", *opts], ["apt-get", "download", "-qq", *opts, QUADLET_DEB]):
+            r = subprocess.run(cmd, cwd=cache, capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                pytest.skip(f"could not fetch {QUADLET_SUITE}'s {QUADLET_DEB} for quadlet: {r.stderr.strip()[-300:]}")
+        deb = sorted(cache.glob(f"{QUADLET_DEB}_*.deb"))[-1]
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(cache / "root")], check=True, timeout=120)
+        deb.unlink()
+        shutil.rmtree(lists, ignore_errors=True)
+        shutil.rmtree(cache / "apt", ignore_errors=True)
+    return binary

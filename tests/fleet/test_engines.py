@@ -20,13 +20,16 @@ def test_podman_runs_the_layout_to_ready_and_serves_the_bundles_embeddings(ort_b
                                                                             tmp_path):
     podman = tool_or_skip("podman")
     runc_or_skip()
-    layout = tmp_path / "layout"  # podman names the image after the path: no component may start with "."
+    # podman names the image after the layout's path (no component may start with "."), and pytest's
+    # tmp paths recur across runs and checkouts: a name of its own, the stored image removed after
+    name = f"edge-fleet-{uuid.uuid4().hex[:8]}"
+    layout = tmp_path / name
     layout.symlink_to(ort_image[0])
     meta = bundle_meta(private_bundle(ort_bundle, tmp_path))  # a socket directory of its own: tmp_path/run
     prepare_socket_dir(meta)
     resources = json.loads((ort_bundle / "config.json").read_text())["linux"]["resources"]
-    name = f"edge-fleet-{uuid.uuid4().hex[:8]}"
-    cmd = [podman, *PODMAN_GLOBAL, "run", "--rm", "--name", name, "--sdnotify=container", *PODMAN_LIMITS,
+    cmd = [podman, *PODMAN_GLOBAL, "run", "--rm", "--name", name, "--sdnotify=container", "--pull=newer",
+           *PODMAN_LIMITS,
            "--read-only", "--cap-drop=all", "--security-opt", "no-new-privileges", "--network", "none",
            "--user", f"{meta['user']['uid']}:{meta['user']['gid']}",
            "-v", f"{meta['socket_dir']}:/run/edge", "-v", f"{meta['state_dir']}:/var/lib/edge/runtime",
@@ -47,7 +50,7 @@ def test_podman_runs_the_layout_to_ready_and_serves_the_bundles_embeddings(ort_b
         assert proc.stop(30) == 0, proc.output(2000)  # SIGTERM drains; the container exits 0
     finally:
         proc.stop(10)
-        podman_cleanup(name)
+        podman_cleanup(name, image=f"localhost{layout}:latest")
 
 
 def test_umoci_unpack_gives_the_bundles_rootfs_and_runc_serves_its_embeddings(ort_bundle, ort_image,

@@ -98,3 +98,18 @@ def test_several_bundles_make_a_multi_architecture_index(ort_bundle, tmp_path):
         raw = subprocess.run([skopeo, "inspect", "--raw", f"oci:{layout}:v1"], capture_output=True, text=True,
                              timeout=60)
         assert raw.returncode == 0 and json.loads(raw.stdout)["mediaType"] == MEDIA["index"], raw.stderr
+
+
+def test_a_bundle_whose_environment_lies_under_tmp_is_refused(ort_bundle, tmp_path):
+    import pytest
+
+    from image.bundle.oci_image import ImageError
+
+    bundle = _small_bundle(ort_bundle, tmp_path / "b")
+    config = json.loads((bundle / "config.json").read_text())
+    config["mounts"].append({"destination": "/tmp/ci/.venv", "type": "bind", "source": "rootfs/tmp/ci/.venv",
+                             "options": ["rbind", "ro"]})
+    (bundle / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImageError, match=r"lies under /tmp \(/tmp/ci/.venv\)"):
+        build_image([bundle], tmp_path / "layout")
+    assert not (tmp_path / "layout").exists()

@@ -5,6 +5,7 @@ starts the image from the layout and becomes active on the runtime's READY."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -12,10 +13,11 @@ import uuid
 import pytest
 import yaml
 from bundle_support import REPO, runc_or_skip
-from fleet_support import PODMAN_GLOBAL, PODMAN_LIMITS, tool_or_skip
+from fleet_support import PODMAN_GLOBAL, PODMAN_LIMITS, quadlet_or_skip, tool_or_skip
 
 K8S = REPO / "deploy" / "k8s"
 UNIT = REPO / "deploy" / "podman" / "edge-podman.service"
+QUADLET = REPO / "deploy" / "podman" / "edge.container"
 
 
 def test_k8s_manifests_validate_against_the_current_schema():
@@ -79,22 +81,15 @@ json.dump(out, open("/out/result.json", "w"))
 '''
 
 
-def test_podman_unit_reaches_ready_under_systemd(ort_image, tmp_path):
+def _boot_unit(unit: str, text: str, layout, tmp_path) -> dict:
+    """Boot systemd 252 as PID 1 (systemd-nspawn, LAB.md) with ``text`` as ``unit``.service and the
+    layout at /nsp/layout; the probe starts the unit, asks ``edge health`` in its container, stops it."""
     nspawn = tool_or_skip("systemd-nspawn")
     tool_or_skip("podman")
     runc_or_skip()
-    layout, _summary = ort_image
-    unit = f"edge-podman-{uuid.uuid4().hex[:8]}"
     nsp, out = tmp_path / "nsp", tmp_path / "out"
     nsp.mkdir()
     out.mkdir()
-    text = UNIT.read_text().replace("Environment=EDGE_IMAGE=oci:/opt/edge/image:latest",
-                                    "Environment=EDGE_IMAGE=oci:/nsp/layout:latest")
-    text = text.replace("Environment=EDGE_PODMAN_GLOBAL=",
-                        f"Environment=\"EDGE_PODMAN_GLOBAL={' '.join(PODMAN_GLOBAL)}\"")
-    text = text.replace('"EDGE_PODMAN_ARGS=--ulimit nofile=65536:65536"',
-                        f'"EDGE_PODMAN_ARGS={" ".join(PODMAN_LIMITS)}"')  # this host: docs/fleet.md
-    assert "/nsp/layout" in text and "nproc=4096" in text
     (nsp / f"{unit}.service").write_text(text)
     (nsp / "probe.py").write_text(_PROBE)
     (nsp / "probe.service").write_text(
@@ -111,7 +106,63 @@ def test_podman_unit_reaches_ready_under_systemd(ort_image, tmp_path):
            "-b", "systemd.firstboot=off", "systemd.wants=probe.service"]
     boot = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert (out / "result.json").exists(), boot.stdout[-3000:] + boot.stderr[-3000:]
-    r = json.loads((out / "result.json").read_text())
+    return json.loads((out / "result.json").read_text())
+
+
+def _assert_ready_and_stopped(r: dict) -> None:
     assert r["start"] == 0 and r["show"]["ActiveState"] == "active" and r["show"]["Type"] == "notify", r
     assert json.loads(r["health"])["ready"] is True, r
     assert r["stop"] == 0, r
+
+
+def test_podman_unit_reaches_ready_under_systemd(ort_image, tmp_path):
+    layout, _summary = ort_image
+    unit = f"edge-podman-{uuid.uuid4().hex[:8]}"
+    text = UNIT.read_text().replace("Environment=EDGE_IMAGE=oci:/opt/edge/image:latest",
+                                    "Environment=EDGE_IMAGE=oci:/nsp/layout:latest")
+    text = text.replace("Environment=EDGE_PODMAN_GLOBAL=",
+                        f"Environment=\"EDGE_PODMAN_GLOBAL={' '.join(PODMAN_GLOBAL)}\"")
+    text = text.replace('"EDGE_PODMAN_ARGS=--ulimit nofile=65536:65536"',
+                        f'"EDGE_PODMAN_ARGS={" ".join(PODMAN_LIMITS)}"')  # this host: docs/fleet.md
+    assert "/nsp/layout" in text and "nproc=4096" in text
+    _assert_ready_and_stopped(_boot_unit(unit, text, layout, tmp_path))
+
+
+def _quadlet(container_text: str, name: str, tmp_path) -> str:
+    """The service Quadlet's generator writes for ``name``.container (``quadlet -dryrun``)."""
+    units = tmp_path / "quadlet"
+    units.mkdir()
+    (units / f"{name}.container").write_text(container_text)
+    r = subprocess.run([str(quadlet_or_skip()), "-dryrun"], env={**os.environ, "QUADLET_UNIT_DIRS": str(units)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"---{name}.service---" in r.stdout, r.stderr
+    return r.stdout.split(f"---{name}.service---", 1)[1].split("\n---", 1)[0].lstrip("\n")
+
+
+def test_the_quadlet_file_generates_the_units_podman_run(tmp_path):
+    service = _quadlet(QUADLET.read_text(), "edge", tmp_path)
+    start = next(line for line in service.splitlines() if line.startswith("ExecStart="))
+    for flag in ("--sdnotify=container", "--read-only", "--cap-drop all", "--user 61000:61000", "--network none",
+                 "--security-opt=no-new-privileges", "-v /run/edge:/run/edge", "--pull=newer", "--memory 1834m",
+                 "-v /var/lib/edge/runtime:/var/lib/edge/runtime", "--pids-limit 256", "oci:/opt/edge/image:latest",
+                 "--cgroups=no-conmon"):
+        assert flag in start, (flag, start)
+    assert start.index("--cgroups=no-conmon") > start.index("--cgroups=split")  # the later one wins
+    assert "Type=notify" in service and "ExecStartPre=/usr/bin/install -d -o 61000" in service
+    unit = tmp_path / "edge.service"
+    unit.write_text(service)
+    r = subprocess.run([tool_or_skip("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "edge.service" not in r.stderr, r.stderr
+
+
+def test_the_quadlet_unit_reaches_ready_under_systemd(ort_image, tmp_path):
+    """Quadlet from podman 5 (Debian trixie's generator) writes the unit; bookworm's podman 4.3 runs it."""
+    layout, _summary = ort_image
+    unit = f"edge-quadlet-{uuid.uuid4().hex[:8]}"
+    text = QUADLET.read_text().replace("Image=oci:/opt/edge/image:latest", "Image=oci:/nsp/layout:latest")
+    text = text.replace("ContainerName=edge", f"ContainerName={unit}")
+    text = text.replace("--ulimit nofile=65536:65536", " ".join(PODMAN_LIMITS))  # this host: docs/fleet.md
+    text = text.replace("[Container]", f"[Container]\nGlobalArgs={' '.join(PODMAN_GLOBAL)}")
+    assert "/nsp/layout" in text and "nproc=4096" in text
+    _assert_ready_and_stopped(_boot_unit(unit, _quadlet(text, unit, tmp_path), layout, tmp_path))
