@@ -116,13 +116,13 @@ def minilm_json() -> str:
 TIERS = ("unit", "process", "container")
 TESTS = Path(__file__).resolve().parent
 DIRECTORY_TIERS = {"bundle": "container", "integration": "process"}
-CONTAINER_FIXTURES = frozenset({"ort_bundle"})  # the OCI bundle of the real package
+CONTAINER_FIXTURES = frozenset({"ort_bundle", "ts_bundle"})  # the OCI bundles of the real package
 HEAVY_FIXTURES = frozenset({
     "minilm_package",  # builds (~30 s) or opens the real MiniLM package
     "minilm_int8_package", "minilm_fallback_package",  # build (~20 s, ~30 s) or open the int8 / fallback packages
     "st_model", "reference",  # sentence-transformers: torch and the reference model
 })
-PACKAGE_FIXTURES = frozenset({"minilm_package", "minilm_int8_package", "minilm_fallback_package", "ort_bundle"})  # never in the unit tier (tests/test_tiers.py)
+PACKAGE_FIXTURES = frozenset({"minilm_package", "minilm_int8_package", "minilm_fallback_package", "ort_bundle", "ts_bundle"})  # never in the unit tier (tests/test_tiers.py)
 HEAVY_NAMES = frozenset({
     "gettext_texts", "message_pool", "text_mix",  # thousands of real sentences from the gettext catalogs
     "train_byte_level_bpe",  # trains a tokenizer
@@ -258,10 +258,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
 
 
-@pytest.fixture(scope="session")
-def ort_bundle(minilm_package):
-    """The onnxruntime bundle of the MiniLM package (read-only for tests), built once and cached
-    by its inputs (tests/bundle/bundle_support.py ``bundle_key``)."""
+def _cached_bundle(package: Path, engine: str):
+    """The ``engine`` bundle of ``package`` (read-only for tests), built once and cached by its
+    inputs (tests/bundle/bundle_support.py ``bundle_key``) in .cache/bundles/KEY[-ENGINE]; a
+    generator: the shared lock held while the session uses it keeps other sessions' prune off it."""
     sys.path.insert(0, str(REPO / "tests" / "bundle"))
     from bundle_support import GID, UID, bundle_key
 
@@ -269,24 +269,37 @@ def ort_bundle(minilm_package):
 
     cache = REPO / ".cache" / "bundles"
     cache.mkdir(parents=True, exist_ok=True)
-    key = bundle_key(minilm_package)
+    key = bundle_key(package) + ("" if engine == "onnxruntime" else f"-{engine}")
     out = cache / key / "bundle"
     lock = open(cache / f"{key}.lock", "a")
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not (out / "edge-bundle.json").exists():
-        build_bundle(out, package=minilm_package, engine="onnxruntime", socket_dir=str(cache / key / "run"),
+        build_bundle(out, package=package, engine=engine, socket_dir=str(cache / key / "run"),
                      user=(UID, GID), force=True, state_dir=str(cache / key / "state"))  # not the host's /var/lib
     fcntl.flock(lock, fcntl.LOCK_SH)  # held while this session uses it: _prune of another session skips it
-    _prune_bundles(cache, keep=key)
+    _prune_bundles(cache, keep={bundle_key(package), f"{bundle_key(package)}-torchscript"})
     yield out
     lock.close()
 
 
-def _prune_bundles(cache: Path, keep: str) -> None:
-    """Remove bundles of older inputs (~400 MB each), unless another pytest holds their lock."""
+@pytest.fixture(scope="session")
+def ort_bundle(minilm_package):
+    """The onnxruntime bundle of the MiniLM package (~400 MB), cached (``_cached_bundle``)."""
+    yield from _cached_bundle(minilm_package, "onnxruntime")
+
+
+@pytest.fixture(scope="session")
+def ts_bundle(minilm_package):
+    """The TorchScript bundle of the MiniLM package (~690 MB, ~10 s to build here), cached
+    (``_cached_bundle``)."""
+    yield from _cached_bundle(minilm_package, "torchscript")
+
+
+def _prune_bundles(cache: Path, keep: set[str]) -> None:
+    """Remove bundles of older inputs (~400-700 MB each), unless another pytest holds their lock."""
     for lock_path in cache.glob("*.lock"):
         key = lock_path.stem
-        if key == keep:
+        if key in keep:
             continue
         with open(lock_path, "a") as lock:
             try:

@@ -4,7 +4,6 @@ the manifest unchanged, the tokenizer and the engine's files, and still boots un
 from __future__ import annotations
 
 import json
-import shutil
 import stat
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from edge.errors import ErrorCode, PackageError
 from edge.preload.manifest import open_package
 from image.bundle.rootfs import PACKAGE_PATH
 
-from bundle_support import GID, UID, bundle_meta, prepare_socket_dir, runc_or_skip, start_container
+from bundle_support import bundle_meta, prepare_socket_dir, private_bundle, runc_or_skip, start_container
 
 EXPECTED = {"onnxruntime": {"manifest.json", "tokenizer.fb", "model.ort", "model.onnx"},
             "torchscript": {"manifest.json", "tokenizer.fb", "model.ts", "weights.safetensors"}}
@@ -51,19 +50,6 @@ def test_the_ort_bundle_carries_only_its_engines_files(ort_bundle, minilm_packag
     _check_package(ort_bundle, minilm_package, "onnxruntime")
 
 
-@pytest.fixture(scope="module")
-def ts_bundle(minilm_package, tmp_path_factory):
-    """A TorchScript bundle of the MiniLM package (a few seconds to build here, ~690 MB), removed after."""
-    from image.build_bundle import build_bundle
-
-    home = tmp_path_factory.mktemp("ts")
-    out = home / "bundle"
-    build_bundle(out, package=minilm_package, engine="torchscript", socket_dir=str(home / "run"), user=(UID, GID),
-                 state_dir=str(home / "state"))
-    yield out
-    shutil.rmtree(home, ignore_errors=True)
-
-
 def test_the_torchscript_bundle_carries_only_its_engines_files(ts_bundle, minilm_package):
     _check_package(ts_bundle, minilm_package, "torchscript")
 
@@ -73,9 +59,10 @@ def test_the_torchscript_bundle_boots_and_embeds_without_the_ort_files(ts_bundle
     from edge.ipc.client import EdgeClient
 
     runc_or_skip()
-    meta = bundle_meta(ts_bundle)
+    bundle = private_bundle(ts_bundle, tmp_path)  # the cached bundle's socket directory stays unshared
+    meta = bundle_meta(bundle)
     prepare_socket_dir(meta)
-    c = start_container(ts_bundle, tmp_path / "run", prefix="edge-ts")
+    c = start_container(bundle, tmp_path, prefix="edge-ts")
     try:
         c.wait_ready()
         with EdgeClient(meta["address"], timeout_s=60) as client:

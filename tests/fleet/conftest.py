@@ -23,6 +23,17 @@ def ort_image(ort_bundle):
     return cached_image(ort_bundle)
 
 
+@pytest.fixture(scope="session")
+def ts_image(ts_bundle):
+    """(layout, summary): the OCI image of the TorchScript bundle, cached (fleet_support)."""
+    from bundle_support import REPO
+    from fleet_support import cached_image
+
+    if str(REPO).startswith("/tmp/"):  # as ort_image
+        pytest.skip(f"the checkout {REPO} lies under /tmp: its bundle cannot become an image (docs/fleet.md)")
+    return cached_image(ts_bundle)
+
+
 @pytest.fixture(scope="module")
 def bundle_embeddings(ort_bundle, tmp_path_factory):
     """The bundle's own replies to fleet_support.TEXTS, under runc: what every engine must match."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 
 from bundle_support import READY_DEADLINE_S, bundle_meta, prepare_socket_dir, private_bundle, runc_or_skip, \
@@ -53,33 +54,54 @@ def test_podman_runs_the_layout_to_ready_and_serves_the_bundles_embeddings(ort_b
         podman_cleanup(name, image=f"localhost{layout}:latest")
 
 
-def test_umoci_unpack_gives_the_bundles_rootfs_and_runc_serves_its_embeddings(ort_bundle, ort_image,
-                                                                               bundle_embeddings, tmp_path):
+def _unpack_and_serve(bundle, layout, tmp_path):
+    """``umoci unpack`` of the layout's image, checked against ``bundle`` (every file, the process),
+    then run by runc with the bundle's own config.json (its mounts, read-only root, limits) over the
+    unpacked rootfs: the embeddings of fleet_support.TEXTS."""
     umoci = tool_or_skip("umoci")
     runc_or_skip()
-    layout, _summary = ort_image
     unpacked = tmp_path / "unpacked"
     r = subprocess.run([umoci, "unpack", "--image", f"{layout}:latest", str(unpacked)], capture_output=True,
-                       text=True, timeout=180)
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    config = json.loads((ort_bundle / "config.json").read_text())
+    config = json.loads((bundle / "config.json").read_text())
     # every file and link of the rootfs, byte for byte: the bundle's digest recomputed over the unpacked one
-    assert bundle_digest(unpacked / "rootfs", config) == bundle_meta(ort_bundle)["bundle_sha256"]
+    assert bundle_digest(unpacked / "rootfs", config) == bundle_meta(bundle)["bundle_sha256"]
     umoci_process = json.loads((unpacked / "config.json").read_text())["process"]
     assert umoci_process["args"] == config["process"]["args"]
     assert [e for e in umoci_process["env"] if not e.startswith("TERM=")] == config["process"]["env"]  # umoci adds TERM
     assert (umoci_process["user"]["uid"], umoci_process["user"]["gid"]) == (61000, 61000)
-    # runc runs the unpacked rootfs with the bundle's config.json (its mounts, read-only root, limits)
-    bundle = private_bundle(ort_bundle, tmp_path)
-    c = json.loads((bundle / "config.json").read_text())
+    private = private_bundle(bundle, tmp_path)
+    c = json.loads((private / "config.json").read_text())
     c["root"]["path"] = str(unpacked / "rootfs")
-    (bundle / "config.json").write_text(json.dumps(c))
-    meta = bundle_meta(bundle)
+    (private / "config.json").write_text(json.dumps(c))
+    meta = bundle_meta(private)
     prepare_socket_dir(meta)
-    container = start_container(bundle, tmp_path, prefix="fleet-umoci")
+    container = start_container(private, tmp_path, prefix="fleet-umoci")
     try:
         container.wait_ready()
         assert os.path.exists(meta["address"][len("ipc://"):])
-        assert_same_embeddings(embed(meta["address"]), bundle_embeddings)
+        return embed(meta["address"])
     finally:
         container.stop()
+
+
+def test_umoci_unpack_gives_the_bundles_rootfs_and_runc_serves_its_embeddings(ort_bundle, ort_image,
+                                                                               bundle_embeddings, tmp_path):
+    assert_same_embeddings(_unpack_and_serve(ort_bundle, ort_image[0], tmp_path), bundle_embeddings)
+
+
+def test_the_torchscript_image_unpacks_to_its_bundle_and_serves_the_same_embeddings(ts_bundle, ts_image,
+                                                                                     bundle_embeddings, tmp_path):
+    """The other engine's bundle as an image: its labels, its rootfs byte for byte, and under runc
+    the embeddings of the onnxruntime bundle (one model, two engines)."""
+    layout, summary = ts_image
+    meta = bundle_meta(ts_bundle)
+    skopeo = tool_or_skip("skopeo")
+    got = json.loads(subprocess.run([skopeo, "inspect", f"oci:{layout}:latest"], capture_output=True, text=True,
+                                    check=True, timeout=60).stdout)
+    assert got["Digest"] == summary["digest"]
+    assert got["Labels"]["com.edge.engine"] == "torchscript" == meta["engine"]
+    assert got["Labels"]["com.edge.bundle_sha256"] == meta["bundle_sha256"]
+    assert_same_embeddings(_unpack_and_serve(ts_bundle, layout, tmp_path), bundle_embeddings)
+    print(f"\nimage of the torchscript bundle: {json.dumps(summary['platforms']['amd64'])}", file=sys.stderr)

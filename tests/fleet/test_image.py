@@ -93,11 +93,20 @@ def test_several_bundles_make_a_multi_architecture_index(ort_bundle, tmp_path):
     assert sorted(m["platform"]["architecture"] for m in nested["manifests"]) == ["amd64", "arm64"]
     assert _blob(layout, _blob(layout, refs["v1-arm64"]["digest"])["config"]["digest"])["architecture"] == "arm64"
     assert summary["platforms"]["arm64"]["manifest"] == refs["v1-arm64"]["digest"]
-    skopeo = shutil.which("skopeo")
-    if skopeo:
-        raw = subprocess.run([skopeo, "inspect", "--raw", f"oci:{layout}:v1"], capture_output=True, text=True,
-                             timeout=60)
-        assert raw.returncode == 0 and json.loads(raw.stdout)["mediaType"] == MEDIA["index"], raw.stderr
+    skopeo = tool_or_skip("skopeo")
+    raw = subprocess.run([skopeo, "inspect", "--raw", f"oci:{layout}:v1"], capture_output=True, text=True,
+                         timeout=60)
+    assert raw.returncode == 0 and json.loads(raw.stdout)["mediaType"] == MEDIA["index"], raw.stderr
+    # what an engine on each kind of node resolves the one tag to: its platform's manifest and labels
+    for arch, machine in (("arm64", "aarch64"), ("amd64", "x86_64")):
+        got = subprocess.run([skopeo, "--override-arch", arch, "inspect", f"oci:{layout}:v1"], capture_output=True,
+                             text=True, timeout=60)
+        assert got.returncode == 0, got.stderr
+        seen = json.loads(got.stdout)
+        assert seen["Architecture"] == arch and seen["Digest"] == summary["digest"], seen  # the tag's: the index
+        assert seen["Labels"]["com.edge.arch"] == machine
+        config = _blob(layout, _blob(layout, summary["platforms"][arch]["manifest"])["config"]["digest"])
+        assert seen["Labels"] == config["config"]["Labels"]  # that platform's own image config
 
 
 def test_a_bundle_whose_environment_lies_under_tmp_is_refused(ort_bundle, tmp_path):
