@@ -390,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     from image.bundle import oci_image  # the fleet's form: an OCI image layout (docs/fleet.md)
 
     oci_image.add_parser(sub, _EPILOG)
+    from image.bundle import emulated  # another architecture's bundle under qemu-user (docs/fleet.md)
+
+    emulated.add_parser(sub, _EPILOG)
     from image.archive import cli as archive_cli  # the build host's side: keygen, pack, verify-archive
 
     archive_cli.add_parsers(sub)
@@ -405,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                 return snapshot.command(args)
             if args.command == "image":
                 return oci_image.command(args)
+            if args.command == "emulated":
+                return emulated.command(args)
             if args.command in archive_cli.COMMANDS:
                 return archive_cli.command(args)
             if args.command in install_cli.COMMANDS:

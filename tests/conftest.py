@@ -116,7 +116,7 @@ def minilm_json() -> str:
 TIERS = ("unit", "process", "container")
 TESTS = Path(__file__).resolve().parent
 DIRECTORY_TIERS = {"bundle": "container", "integration": "process"}
-CONTAINER_FIXTURES = frozenset({"ort_bundle", "ts_bundle"})  # the OCI bundles of the real package
+CONTAINER_FIXTURES = frozenset({"ort_bundle", "ts_bundle", "arm64_bundle"})  # the OCI bundles of the real package
 HEAVY_FIXTURES = frozenset({
     "minilm_package",  # builds (~30 s) or opens the real MiniLM package
     "minilm_int8_package", "minilm_fallback_package",  # build (~20 s, ~30 s) or open the int8 / fallback packages
@@ -277,7 +277,7 @@ def _cached_bundle(package: Path, engine: str):
         build_bundle(out, package=package, engine=engine, socket_dir=str(cache / key / "run"),
                      user=(UID, GID), force=True, state_dir=str(cache / key / "state"))  # not the host's /var/lib
     fcntl.flock(lock, fcntl.LOCK_SH)  # held while this session uses it: _prune of another session skips it
-    _prune_bundles(cache, keep={bundle_key(package), f"{bundle_key(package)}-torchscript"})
+    _prune_bundles(cache, keep=bundle_key(package))
     yield out
     lock.close()
 
@@ -295,11 +295,12 @@ def ts_bundle(minilm_package):
     yield from _cached_bundle(minilm_package, "torchscript")
 
 
-def _prune_bundles(cache: Path, keep: set[str]) -> None:
-    """Remove bundles of older inputs (~400-700 MB each), unless another pytest holds their lock."""
+def _prune_bundles(cache: Path, keep: str) -> None:
+    """Remove bundles of older inputs (~300-700 MB each), unless another pytest holds their lock;
+    ``keep`` and its variants (``KEEP-torchscript``, ``KEEP-aarch64``) stay."""
     for lock_path in cache.glob("*.lock"):
         key = lock_path.stem
-        if key in keep:
+        if key.split("-", 1)[0] == keep:
             continue
         with open(lock_path, "a") as lock:
             try:

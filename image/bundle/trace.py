@@ -127,6 +127,8 @@ def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, 
                # its request journal in the work directory: the build host's /var/lib is not the
                # bundle's (the container binds its own state directory there), and nothing is copied
                "EDGE_STATE_DIR": str(workdir / "state")}
+    if "QEMU_CPU" in os.environ:  # an emulated build (image/bundle/emulated.py): qemu-user reads it from
+        run_env["QEMU_CPU"] = os.environ["QEMU_CPU"]  # each process it starts; never in the bundle
     cmd = [python, "-S", "-c", HOOK_SOURCE, *boot_args, "--bind", address]
     strace_out = workdir / "strace.txt"
     if strace:

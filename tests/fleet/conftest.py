@@ -34,6 +34,16 @@ def ts_image(ts_bundle):
     return cached_image(ts_bundle)
 
 
+@pytest.fixture(scope="session")
+def arm64_bundle(minilm_package):
+    """The onnxruntime bundle of the MiniLM package for aarch64, built on this host under qemu-user
+    (``edge-bundle emulated``, image/bundle/emulated.py) and cached like ort_bundle; its Debian root
+    in fleet_support.ARM64_ROOT, made once per machine (about 3.5 minutes)."""
+    from fleet_support import cached_arm64_bundle
+
+    yield from cached_arm64_bundle(minilm_package)
+
+
 @pytest.fixture(scope="module")
 def bundle_embeddings(ort_bundle, tmp_path_factory):
     """The bundle's own replies to fleet_support.TEXTS, under runc: what every engine must match."""

@@ -82,7 +82,7 @@ json.dump(out, open("/out/result.json", "w"))
 
 
 def _boot_unit(unit: str, text: str, layout, tmp_path) -> dict:
-    """Boot systemd 252 as PID 1 (systemd-nspawn, LAB.md) with ``text`` as ``unit``.service and the
+    """Boot systemd 252 as PID 1 (systemd-nspawn with the host's /usr, a volatile root) with ``text`` as ``unit``.service and the
     layout at /nsp/layout; the probe starts the unit, asks ``edge health`` in its container, stops it."""
     nspawn = tool_or_skip("systemd-nspawn")
     tool_or_skip("podman")
