@@ -43,7 +43,8 @@ from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
 from image.bundle.package_copy import copy_package, package_files, package_identity
 from image.bundle.progress import Progress, human_bytes, stop_signals
-from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, store_path, tmp_roots, tree_size
+from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, kept_roots, select_files, store_path, tmp_roots, \
+    tree_size
 from image.bundle.limits import UNIT_DROPIN, resource_limits, unit_dropin
 from image.bundle.trace import TraceError, trace_boot
 
@@ -121,7 +122,7 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
                               f"(add them to image/bundle/seccomp.py ALLOWED if they are safe)")
         exclude = [str(package), *(cdi.mount_paths(edits) if edits else [])]
         under_tmp = tmp_roots(trace)
-        files = select_files(trace, exclude, under_tmp)
+        files = select_files(trace, exclude, kept_roots(trace))
         wrong = [(f, m) for f in files if (m := elf_machine(f)) is not None and m != arch]
         if wrong:
             raise BundleError(f"{len(wrong)} native file(s) are not {arch}, e.g. {wrong[0][0]} ({wrong[0][1]})")

@@ -115,6 +115,14 @@ def _programs(trace: Trace) -> set[str]:
     return found
 
 
+def env_roots(trace: Trace, prefixes: list[str]) -> list[str]:
+    """The environment's and the edge package's directories that lie under ``prefixes`` (outermost only)."""
+    roots = {trace.prefix, trace.base_prefix, *(
+        os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}
+    under = sorted(os.path.normpath(r) for r in roots if _under(os.path.normpath(r), prefixes))
+    return [r for r in under if not any(r != o and _under(r, [o]) for o in under)]
+
+
 def tmp_roots(trace: Trace) -> list[str]:
     """The environment's and the edge package's directories that lie under /tmp (outermost only).
 
@@ -122,10 +130,14 @@ def tmp_roots(trace: Trace) -> list[str]:
     copies them all the same and bind-mounts them back, read-only, over the
     tmpfs (see ``oci_config.tmp_bind_mounts``). A CI checkout in /tmp needs it.
     """
-    roots = {trace.prefix, trace.base_prefix, *(
-        os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}
-    under = sorted(os.path.normpath(r) for r in roots if _under(os.path.normpath(r), ["/tmp"]))
-    return [r for r in under if not any(r != o and _under(r, [o]) for o in under)]
+    return env_roots(trace, ["/tmp"])
+
+
+def kept_roots(trace: Trace) -> list[str]:
+    """The environment's directories under the temporary trees ALWAYS_EXCLUDED leaves out (/tmp,
+    /var/tmp): copied all the same, since the runtime runs from them (a checkout in /var/tmp needs
+    no bind: the container mounts nothing there)."""
+    return env_roots(trace, ["/tmp", "/var/tmp"])
 
 
 def select_files(trace: Trace, exclude: list[str], keep_roots: list[str] = ()) -> list[str]:
