@@ -112,6 +112,12 @@ class Connections:
         (``host:uid:gid:pid`` on ipc), told apart from a later connection on the same descriptor."""
         entry = self._by_fd.get(srcfd)
         if entry is None:
+            # libzmq writes ACCEPTED before the connection's first message can flow, but the two
+            # come through different pipes: the message can be read first (seen 1 run in 13 with 12
+            # clients connecting at once). The event is pending by then; read it and look again.
+            self.update()
+            entry = self._by_fd.get(srcfd)
+        if entry is None:
             return UNKNOWN_CONN
         conn, peer = entry
         if peer is not None and (peer_address or "").partition(":")[2] != peer:
