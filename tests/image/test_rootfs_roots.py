@@ -26,7 +26,7 @@ def test_a_checkout_under_var_tmp_is_kept_without_a_bind():
 
 
 def test_a_checkout_elsewhere_keeps_nothing_extra():
-    t = _trace("/work/main/.venv", "/usr/local", "/work/main")
+    t = _trace("/srv/edge/.venv", "/usr/local", "/srv/edge")
     assert tmp_roots(t) == [] and kept_roots(t) == []
 
 
