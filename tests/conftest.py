@@ -259,27 +259,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _cached_bundle(package: Path, engine: str):
-    """The ``engine`` bundle of ``package`` (read-only for tests), built once and cached by its
-    inputs (tests/bundle/bundle_support.py ``bundle_key``) in .cache/bundles/KEY[-ENGINE]; a
-    generator: the shared lock held while the session uses it keeps other sessions' prune off it."""
+    """The ``engine`` bundle of ``package``, cached (tests/bundle/bundle_support.py ``cached_bundle``);
+    bundles of older inputs are pruned once it is held."""
     sys.path.insert(0, str(REPO / "tests" / "bundle"))
-    from bundle_support import GID, UID, bundle_key
+    from bundle_support import GID, UID, bundle_key, cached_bundle
 
     from image.build_bundle import build_bundle
 
-    cache = REPO / ".cache" / "bundles"
-    cache.mkdir(parents=True, exist_ok=True)
-    key = bundle_key(package) + ("" if engine == "onnxruntime" else f"-{engine}")
-    out = cache / key / "bundle"
-    lock = open(cache / f"{key}.lock", "a")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if not (out / "edge-bundle.json").exists():
-        build_bundle(out, package=package, engine=engine, socket_dir=str(cache / key / "run"),
-                     user=(UID, GID), force=True, state_dir=str(cache / key / "state"))  # not the host's /var/lib
-    fcntl.flock(lock, fcntl.LOCK_SH)  # held while this session uses it: _prune of another session skips it
-    _prune_bundles(cache, keep=bundle_key(package))
-    yield out
-    lock.close()
+    def build(out: Path, socket_dir: Path, state_dir: Path) -> None:
+        build_bundle(out, package=package, engine=engine, socket_dir=str(socket_dir), user=(UID, GID), force=True,
+                     state_dir=str(state_dir))
+
+    for out in cached_bundle(package, "" if engine == "onnxruntime" else engine, build):
+        _prune_bundles(REPO / ".cache" / "bundles", keep=bundle_key(package))
+        yield out
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,9 @@ def register_binfmt(arch: str) -> Path:
         if r.returncode != 0:
             raise EmulationError(f"cannot mount binfmt_misc on {BINFMT}: {r.stderr.strip()} (as root: "
                                  f"mount -t binfmt_misc binfmt_misc {BINFMT})")
-    line = next(x for x in conf.read_text().splitlines() if x.startswith(":"))
+    line = next((x for x in conf.read_text().splitlines() if x.startswith(":")), None)
+    if line is None:
+        raise EmulationError(f"{conf} has no handler line (':name:type:...'): reinstall qemu-user-static")
     try:
         (BINFMT / "register").write_text(line)
     except OSError as exc:
@@ -141,9 +143,7 @@ def _chroot(root: Path, argv: list[str], binds: list[Path] = (), env: dict | Non
     """``argv`` run in ``root`` in a mount namespace of its own: /proc, /dev and ``binds`` (at their own
     paths) are mounted there and vanish with it."""
     lines = ["set -e"]
-    # No /sys: the host's /sys/devices/system/cpu describes x86 cores, and the cpuinfo library in
-    # onnxruntime's aarch64 wheel crashes the emulated process on it (SIGSEGV at import). Without it,
-    # cpuinfo gives up with a warning and ORT runs; a real device has its own /sys.
+    # No /sys: the host's CPU topology crashes the emulated ORT (EMULATED_MASKS).
     for src, dst in (("/proc", "proc"), ("/dev", "dev")):
         lines.append(f"mount --rbind {src} {shlex.quote(str(root / dst))}")
     for b in binds:
@@ -233,6 +233,8 @@ def build_in_root(root: Path, arch: str, build_args: list[str], say=lambda m: No
         raise EmulationError("the build's arguments need --out DIR")
     if not (root / VENV.lstrip("/") / "bin" / "python").exists():
         raise EmulationError(f"{root} has no {VENV}: make it first (edge-bundle emulated --arch {arch} --root {root})")
+    if package is not None and not Path(package).is_dir():
+        raise EmulationError(f"--package {package} is not a directory (a model package: edge-package build --out DIR)")
     out_parent = Path(out).resolve().parent
     out_parent.mkdir(parents=True, exist_ok=True)
     binds = [REPO, out_parent] + ([Path(package).resolve()] if package else [])

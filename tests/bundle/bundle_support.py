@@ -5,6 +5,7 @@ A uniquely named module (not conftest): tests/*/conftest.py would shadow each ot
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -81,6 +82,24 @@ def bundle_key(package: Path) -> str:
             h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes())
     h.update((package / "manifest.json").read_bytes())
     return h.hexdigest()[:24]
+
+
+def cached_bundle(package: Path, variant: str, build):
+    """The bundle of ``package`` that ``build(out, socket_dir, state_dir)`` writes, built once and
+    cached by its inputs (:func:`bundle_key`) in .cache/bundles/KEY[-VARIANT]; read-only for tests.
+    A generator: its lock is held shared while the session uses it, so another session's prune
+    (tests/conftest.py) skips it."""
+    cache = REPO / ".cache" / "bundles"
+    cache.mkdir(parents=True, exist_ok=True)
+    key = bundle_key(package) + (f"-{variant}" if variant else "")
+    out = cache / key / "bundle"
+    with open(cache / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "edge-bundle.json").exists():
+            build(out, cache / key / "run", cache / key / "state")  # the state directory: not the host's /var/lib
+            assert (out / "edge-bundle.json").exists(), f"{out}: the build wrote no bundle"
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield out
 
 
 def bundle_meta(bundle: Path) -> dict:

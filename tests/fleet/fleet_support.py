@@ -63,36 +63,27 @@ ARM64_ROOT = Path("/var/cache/edge-test/aarch64-bookworm")
 
 
 def cached_arm64_bundle(package: Path):
-    """The aarch64 onnxruntime bundle of ``package`` (edge-bundle emulated), built once per key; a
-    generator, holding the bundle's lock shared while the session uses it (as tests/conftest.py's
-    ``_cached_bundle``: another session's prune skips it)."""
+    """The aarch64 onnxruntime bundle of ``package`` (edge-bundle emulated), cached like the others
+    (bundle_support ``cached_bundle``); a generator."""
     for tool in ("debootstrap", "unshare"):
         tool_or_skip(tool)
     if not Path("/usr/lib/binfmt.d/qemu-aarch64.conf").exists():
         pytest.skip("qemu-user-static is not installed (.ci/run installs it with apt-get)")
-    from bundle_support import GID, UID, bundle_key
+    from bundle_support import GID, UID, cached_bundle
 
     from image.bundle.emulated import build_in_root, make_root
-
-    cache = REPO / ".cache" / "bundles"
-    cache.mkdir(parents=True, exist_ok=True)
-    key = f"{bundle_key(package)}-aarch64"
-    out = cache / key / "bundle"
 
     def say(msg: str) -> None:
         print(f"arm64_bundle: {msg}", file=sys.stderr, flush=True)
 
-    with open(cache / f"{key}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (out / "edge-bundle.json").exists():
-            make_root(ARM64_ROOT, "aarch64", "onnxruntime", say=say)
-            rc = build_in_root(ARM64_ROOT, "aarch64", [
-                "--out", str(out), "--package", str(package), "--engine", "onnxruntime", "--force", "--quiet",
-                "--socket-dir", str(cache / key / "run"), "--user", f"{UID}:{GID}",
-                "--state-dir", str(cache / key / "state")], say=say)
-            assert rc == 0 and (out / "edge-bundle.json").exists(), f"edge-bundle emulated: exit {rc}"
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        yield out
+    def build(out: Path, socket_dir: Path, state_dir: Path) -> None:
+        make_root(ARM64_ROOT, "aarch64", "onnxruntime", say=say)
+        rc = build_in_root(ARM64_ROOT, "aarch64", [
+            "--out", str(out), "--package", str(package), "--engine", "onnxruntime", "--force", "--quiet",
+            "--socket-dir", str(socket_dir), "--user", f"{UID}:{GID}", "--state-dir", str(state_dir)], say=say)
+        assert rc == 0, f"edge-bundle emulated: exit {rc}"
+
+    yield from cached_bundle(package, "aarch64", build)
 
 
 def embed(address: str, texts=TEXTS) -> np.ndarray:

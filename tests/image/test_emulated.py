@@ -51,6 +51,16 @@ def test_registering_writes_the_handlers_line(tmp_path, monkeypatch):
     assert (binfmt / "register").read_text() == line
 
 
+def test_a_handler_file_without_a_handler_line_is_refused(tmp_path, monkeypatch):
+    conf = tmp_path / "binfmt.d"
+    conf.mkdir()
+    (conf / "qemu-aarch64.conf").write_text("# emptied by hand\n")
+    monkeypatch.setattr(emulated, "BINFMT", _handler(tmp_path, None))
+    monkeypatch.setattr(emulated, "BINFMT_CONF", conf)
+    with pytest.raises(EmulationError, match="has no handler line"):
+        check_binfmt("aarch64")
+
+
 def test_a_handler_without_the_fix_binary_flag_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(emulated, "BINFMT", _handler(tmp_path, "enabled\ninterpreter /usr/bin/qemu\nflags: OC\n"))
     with pytest.raises(EmulationError, match=r"not enabled with the F \(fix binary\) flag \(flags: 'OC'\)"):
@@ -75,3 +85,12 @@ def test_the_chroot_mounts_proc_and_dev_but_not_sys_and_binds_paths_at_their_own
     assert "/sys" not in script  # the host's CPU topology crashes the emulated cpuinfo (EMULATED_MASKS)
     assert f"mount --rbind /srv/x {tmp_path}/root/srv/x" in script
     assert "QEMU_CPU=a" in script and script.rstrip().endswith("'cd / && exec python -V'")
+
+
+def test_a_missing_package_is_refused_before_the_root_is_entered(tmp_path, monkeypatch):
+    monkeypatch.setattr(emulated, "check_binfmt", lambda arch, say=None: "qemu-aarch64")
+    (tmp_path / "root" / "opt" / "edge" / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "root" / "opt" / "edge" / "venv" / "bin" / "python").write_text("")
+    with pytest.raises(EmulationError, match="--package /nonexistent is not a directory"):
+        emulated.build_in_root(tmp_path / "root", "aarch64", ["--out", str(tmp_path / "b"), "--package", "/nonexistent"])
+    assert not (tmp_path / "b").exists()
