@@ -170,7 +170,8 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
     if fallback is not None:
         fallback.lineage = lineage_of(fallback.manifest, fallback.engine)  # what degraded replies name
     core = ServingCore(_with_faults(engine, args), tokenizer, shapes=shapes, buffers=buffers, fallback=fallback,
-                       breaker=_breaker(args, fallback is not None))
+                       breaker=_breaker(args, fallback is not None), cost=_engine_cost(chain.warm),
+                       probe_ids=manifest.serving.warm_sample_ids)
     from edge.ipc.curve import server_curve  # --keys: CURVE on tcp:// (read in the bind stage)
 
     server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
@@ -189,6 +190,15 @@ def _breaker(args, has_fallback: bool):
 
     return CircuitBreaker(threshold=args.breaker_threshold, cooldown_s=args.breaker_cooldown,
                           probes=args.breaker_probes, has_fallback=has_fallback)
+
+
+def _engine_cost(warm: dict | None):
+    """The primary's cost per shape from its own warm-up (measured before any fault is wrapped
+    around it): what tells the breaker an engine's miss from a client's impossible deadline."""
+    from edge.serving.engine_cost import EngineCost
+
+    fastest = (warm or {}).get("fastest_ms") or {}
+    return EngineCost({tuple(int(x) for x in key.split("x")): ms for key, ms in fastest.items()})
 
 
 def _with_faults(engine, args):

@@ -56,6 +56,7 @@ class EngineChain:
         self._stages, self._args, self._pkg, self._tokenizer = stages, args, pkg, tokenizer
         self._stop_before_cuda = stop_before_cuda
         self.engine = self.buffers = self.shapes = self.device = None
+        self.warm: dict | None = None  # warm_buckets' record: its fastest_ms is the breaker's yardstick
         self.library = Handoff() if args.engine in self.MAIN_THREAD_IMPORT else None
         self._task = Task("engine", self._chain)
 
@@ -140,7 +141,7 @@ class EngineChain:
         allocate = lambda: run(warmup.preallocate, shapes, engine,  # noqa: E731
                                setting="serving.max_batch_size in the package", overlapped=overlapped)
         buffers = None if native else allocate()
-        run(warmup.warm_buckets, engine, shapes, sample, buffers, setting="serving.warm in the package",
+        self.warm = run(warmup.warm_buckets, engine, shapes, sample, buffers, setting="serving.warm in the package",
             shapes=len(shapes.warm_shapes()), repeats=shapes.warm_repeats, overlapped=overlapped)
         self.buffers = allocate() if native else buffers
         self.shapes = shapes

@@ -100,18 +100,26 @@ def warm_buckets(engine, shapes: BatchShapes, sample_ids: list[int], buffers: di
     otherwise numpy batches are run, through views of the preallocated
     ``buffers`` when given (pinned host memory on CUDA).
     """
+    import time
+
     runs = 0
     native = getattr(engine, "warm_run", None)
     plan = shapes.warm_shapes()
+    fastest_ms: dict[str, float] = {}  # "RxT": the fastest run of the shape, the breaker's yardstick
     for batch, tokens in plan:
         row = list(sample_ids[:tokens])
         for _ in range(shapes.warm_repeats):
+            t0 = time.perf_counter()
             ok = native(batch, tokens, row) if native is not None else _warm_numpy(engine, buffers, batch, tokens, row)
+            ms = (time.perf_counter() - t0) * 1000.0
             if not ok:
                 raise RuntimeError(f"warm-up of shape {batch}x{tokens} gave bad output")
+            key = f"{batch}x{tokens}"
+            fastest_ms[key] = round(min(ms, fastest_ms.get(key, ms)), 3)
             runs += 1
     return {"shapes": len(plan), "runs": runs, "repeats": shapes.warm_repeats,
-            "inputs": "native" if native is not None else ("buffers" if buffers is not None else "numpy")}
+            "inputs": "native" if native is not None else ("buffers" if buffers is not None else "numpy"),
+            "fastest_ms": fastest_ms}
 
 
 def _warm_numpy(engine, buffers: dict | None, batch: int, tokens: int, row: list[int]) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 from edge.device import device_kind
 from edge.serving.admission import Admission
 from edge.serving.breaker import CircuitBreaker, Fallback
+from edge.serving.engine_cost import EngineCost
 from edge.serving.engine_loop import EngineLoop
 from edge.serving.metrics import Metrics
 from edge.serving.request import Cancel, Request
@@ -35,12 +36,16 @@ class ServingCore:
     def __init__(self, engine: Any, tokenizer: Any, settings: ServingSettings | dict | None = None, *,
                  max_seq_length: int | None = None, buffers: dict | None = None,
                  shapes: BatchShapes | None = None, breaker: CircuitBreaker | None = None,
-                 fallback: Fallback | None = None) -> None:
+                 fallback: Fallback | None = None, cost: EngineCost | None = None,
+                 probe_ids: list[int] | None = None) -> None:
         """``settings``: the package's record (a dict is validated into one, as a manifest's is).
         ``buffers``: input buffers from ``edge.warmup.preallocate`` (pinned on CUDA); made here
         when not given. ``shapes``: the ones boot warmed with; derived here when not given.
         ``breaker``: the circuit breaker (its defaults when not given); ``fallback``: what serves
-        while it is open (none: requests then fail fast with BREAKER_OPEN)."""
+        while it is open (none: requests then fail fast with BREAKER_OPEN). ``cost``: the primary's
+        time per shape from its warm-up, which tells the breaker an engine's miss from a client's
+        impossible deadline (without it every late request counts). ``probe_ids``: the server's own
+        input for the breaker's half-open probes (the package's warm-up sample)."""
         if shapes is None:
             if not isinstance(settings, ServingSettings):
                 settings = ServingSettings.model_validate(settings or {})
@@ -54,7 +59,8 @@ class ServingCore:
         self.scheduler = BucketScheduler(shapes)
         self.loop = EngineLoop(engine, self.scheduler, pad_id=getattr(tokenizer, "pad_id", 0),
                                buffers=buffers if buffers is not None else preallocate(shapes, engine),
-                               metrics=self.metrics, breaker=self.breaker, fallback=fallback)
+                               metrics=self.metrics, breaker=self.breaker, fallback=fallback, cost=cost,
+                               probe_ids=probe_ids or _probe_ids(tokenizer, shapes))
         self.outbox = self.loop.outbox
         self.tokenize = TokenizeStage(self.admission, self.loop.submit, self.outbox, self.metrics)
         self._thread: threading.Thread | None = None
@@ -96,3 +102,10 @@ class ServingCore:
     def release(self, request: Request) -> None:
         """``request`` was answered: it leaves the queue bound."""
         self.admission.release(request)
+
+
+def _probe_ids(tokenizer: Any, shapes: BatchShapes) -> list[int]:
+    """The probe's ids when the package stores no warm-up sample: the warm-up text, tokenized."""
+    from edge.warmup import WARM_TEXT
+
+    return list(tokenizer.encode(WARM_TEXT, max_length=shapes.buckets[0]).ids)

@@ -24,7 +24,8 @@ import numpy as np
 
 from edge.errors import ErrorCode
 from edge.log import log, log_exception
-from edge.serving.breaker import BreakerState, CircuitBreaker, Fallback, PrimaryTimeout, Route
+from edge.serving.breaker import PROBE_DEADLINE_S, CircuitBreaker, Fallback, PrimaryTimeout, Route
+from edge.serving.engine_cost import EngineCost
 from edge.serving.engine_worker import EngineWorker
 from edge.serving.metrics import Metrics
 from edge.serving.request import Admit, Cancel, CancelOutcome, Failed, Finished, Part, Request
@@ -37,7 +38,8 @@ class EngineLoop:
     def __init__(self, engine: Any, scheduler: BucketScheduler, *, pad_id: int,
                  buffers: dict[int, tuple[np.ndarray, np.ndarray]], metrics: Metrics,
                  wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
-                 breaker: CircuitBreaker | None = None, fallback: Fallback | None = None) -> None:
+                 breaker: CircuitBreaker | None = None, fallback: Fallback | None = None,
+                 cost: EngineCost | None = None, probe_ids: list[int] | None = None) -> None:
         self.engine = engine
         self.sched = scheduler
         self.shapes = scheduler.shapes
@@ -56,6 +58,14 @@ class EngineLoop:
         self.breaker = breaker
         self.fallback = fallback
         self.worker = EngineWorker(engine) if fallback is not None else None  # the primary's own thread
+        self.cost = cost  # the primary's warm-up time per shape: whose fault a late request is
+        # The half-open probe's own input: (1, smallest bucket), the warm-up sample, never a client's.
+        bucket = self.shapes.buckets[0]
+        row = list(probe_ids or [self.pad_id])[:bucket]
+        self._probe_ids = np.full((1, bucket), self.pad_id, dtype=np.int64)
+        self._probe_mask = np.zeros((1, bucket), dtype=np.int64)
+        self._probe_ids[0, :len(row)] = row
+        self._probe_mask[0, :len(row)] = 1
 
     # ------------------------------------------------- called by other threads
 
@@ -87,6 +97,9 @@ class EngineLoop:
                 now = self._clock()
                 for request in self.sched.expire(now):
                     self._emit(Failed(request, ErrorCode.DEADLINE_EXCEEDED, "deadline passed before the request ran"))
+                if self.breaker is not None and self.breaker.probe_due():
+                    self._probe()
+                    now = self._clock()
                 batch = self.sched.next_batch(now)
                 if batch is not None:
                     self._run_batch(*batch)
@@ -98,6 +111,9 @@ class EngineLoop:
                 if self._intake or self._stop:
                     continue
                 timeout = self.sched.next_wakeup(self._clock())
+                probe_in = self.breaker.seconds_to_probe() if self.breaker is not None else None
+                if probe_in is not None:  # open: wake for the probe even when no client is waiting
+                    timeout = probe_in if timeout is None else min(timeout, probe_in)
                 if timeout is None or timeout > 0:
                     self._cond.wait(timeout)  # None: block until submit() or stop()
 
@@ -162,22 +178,61 @@ class EngineLoop:
         """The primary's run: here, or on its worker when a fallback exists, given up on at ``until``."""
         if self.worker is None:
             return self.engine.run(ids, mask)
-        if not self.worker.wait_idle(until - self._clock()):
-            raise PrimaryTimeout("the primary engine is still running an earlier batch it was given up on")
+        t0 = self._clock()
+        if not self.worker.wait_idle(until - t0):
+            raise PrimaryTimeout("the primary engine is still running an earlier batch it was given up on",
+                                 (self._clock() - t0) * 1000.0)
         self.worker.start(ids, mask)
         done, out = self.worker.wait(max(0.0, until - self._clock()))
         if not done:
-            raise PrimaryTimeout("the primary engine did not return before the batch's last deadline")
+            raise PrimaryTimeout("the primary engine did not return before the batch's last deadline",
+                                 (self._clock() - t0) * 1000.0)
         return out
 
+    def _probe(self) -> None:
+        """One half-open probe of the breaker's: the server's own input on the primary, with the
+        server's own deadline, so that no client's choice of deadline decides whether it closes."""
+        t0 = self._clock()
+        ok, why = False, ""
+        try:
+            out = np.asarray(self._on_primary(self._probe_ids, self._probe_mask, t0 + PROBE_DEADLINE_S))  # (1, D)
+            took = self._clock() - t0
+            if out.ndim != 2 or out.shape[0] != 1 or not np.isfinite(out).all():
+                why = f"the probe's output has shape {out.shape} or is not finite"
+            elif took > PROBE_DEADLINE_S:
+                why = f"the probe took {took * 1000:.0f} ms, over its {PROBE_DEADLINE_S:g} s deadline"
+            else:
+                ok = True
+        except Exception as exc:  # the engine failed or hung: the probe failed, the loop goes on
+            why = f"{type(exc).__name__}: {exc}"[:200]
+        self.breaker.probe_done(ok, why)
+        log("breaker.probe", level="info" if ok else "warning", ok=ok, ms=round((self._clock() - t0) * 1000, 1),
+            state=self.breaker.state.value, why=why or None)
+
     def _route(self) -> Route:
-        if self.breaker is None:
-            return Route.PRIMARY
-        route = self.breaker.route()
-        if route is Route.PRIMARY and self.breaker.state is BreakerState.HALF_OPEN and self.worker.busy:
-            self.breaker.probe_skipped()  # the probe waits until the primary has left its old run
-            route = Route.FALLBACK
-        return route
+        return Route.PRIMARY if self.breaker is None else self.breaker.route()
+
+    def _judge_late(self, requests: list[Request], end: float, rows: int, bucket: int, compute_ms: float) -> None:
+        """Tell the breaker how the primary did: a late request counts against it only when its
+        deadline was one the engine could meet and the engine was slow for the shape."""
+        late = [r for r in requests if r.deadline is not None and end > r.deadline]
+        impossible = not_slow = 0
+        if self.cost is not None and late:
+            impossible = sum(1 for r in late if self.cost.impossible((r.deadline - r.arrival) * 1000.0, rows, bucket))
+            if not self.cost.slow(compute_ms, rows, bucket):
+                not_slow = len(late) - impossible
+            self.breaker.not_the_engines_fault(impossible, not_slow)
+        missed = len(late) - impossible - not_slow
+        # In time, or late behind a queue while the engine ran at its speed: evidence it is well.
+        # An impossible deadline is evidence of nothing.
+        served = len(requests) - len(late) + not_slow
+        self.breaker.primary_done(served, missed,
+                                  f"{missed} request(s) answered after their deadline; the {rows}x{bucket} batch "
+                                  f"took {compute_ms:.0f} ms (warm-up: {self._expected(rows, bucket)})")
+
+    def _expected(self, rows: int, bucket: int) -> str:
+        need = self.cost.expected_ms(rows, bucket) if self.cost is not None else None
+        return "unknown" if need is None else f"{need:.1f} ms"
 
     def _run_batch(self, bucket: int, parts: list[Part]) -> None:
         self._current = parts
@@ -204,10 +259,9 @@ class EngineLoop:
             self.breaker.count(route, len(newly))
             for request in newly:
                 request.degraded = True
-        elif self.breaker is not None:
-            late = sum(1 for r in requests if r.deadline is not None and end > r.deadline)
-            self.breaker.primary_done(len(requests) - late, late, f"{late} request(s) answered after their deadline")
         compute_ms = (end - start) * 1000.0
+        if route is Route.PRIMARY and self.breaker is not None:
+            self._judge_late(requests, end, rows, bucket, compute_ms)
         self.metrics.batch(bucket, len(parts), rows, tokens, compute_ms)
         for i, p in enumerate(parts):
             request = p.request
@@ -235,7 +289,7 @@ class EngineLoop:
         self.sched.batch_done(self._clock())
         timed_out = isinstance(exc, PrimaryTimeout)
         if route is Route.PRIMARY and self.breaker is not None:
-            self.breaker.primary_done(0, len(requests), f"{type(exc).__name__}: {exc}"[:200])
+            self._judge_failure(bucket, len(parts), requests, exc, timed_out)
         if not timed_out:
             self.metrics.engine_failed()
         log("engine.batch_failed", level="error", texts=len(parts), bucket=bucket, error=repr(exc), route=route.value,
@@ -245,3 +299,13 @@ class EngineLoop:
         else:
             self._fail(requests, ErrorCode.ENGINE_FAILED, f"engine failed: {type(exc).__name__}: {exc}"[:300])
         self._current = []
+
+    def _judge_failure(self, bucket: int, n: int, requests: list[Request], exc: Exception, timed_out: bool) -> None:
+        """A failure counts against the primary; a wait given up on counts only when the engine had
+        more time than a slow run of the shape needs (a 5 ms deadline is the client's choice)."""
+        rows = self.shapes.padded_rows(n, bucket)
+        if timed_out and self.cost is not None and not self.cost.slow(getattr(exc, "waited_ms", 0.0), rows, bucket):
+            self.breaker.not_the_engines_fault(len(requests), 0)  # neither a miss nor a success
+            return
+        self.breaker.primary_done(0, len(requests), f"{type(exc).__name__}: {exc}"[:200],
+                                  cause="hung" if timed_out else "failed")

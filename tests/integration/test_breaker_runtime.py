@@ -4,7 +4,7 @@ With the int8 fallback the package names and an injected engine delay longer tha
 deadline, the breaker trips after exactly ``--breaker-threshold`` missed requests, the fallback
 then serves (``degraded: true``, the int8 package's lineage, in the journal too) with embeddings
 within cos 0.99 of the primary's on the parity texts, and after the cool-down it closes again
-once the primary serves its probes in time. Without a fallback, engine failures trip it and
+once the primary serves the server's own probes in time. Without a fallback, engine failures trip it and
 requests fail fast with BREAKER_OPEN.
 """
 
@@ -89,8 +89,10 @@ def test_breaker_trips_degrades_to_the_int8_fallback_and_recovers(minilm_fallbac
             assert cos.min() >= PARITY_MIN_COSINE, (cos.min(), texts[int(cos.argmin())])
             snap = _breaker(client)
             assert snap["state"] == "open" and snap["degraded_requests"] == (len(texts) + 31) // 32
-            # 3. Recovery: after the cool-down the primary gets probes; served in time, it closes.
-            time.sleep(max(0.0, COOLDOWN_S - (time.monotonic() - t0)) + 0.2)
+            # 3. Recovery: after the cool-down the server probes the primary with its own input and
+            # deadline (never a client's request); served in time, it closes, with the delay still on.
+            snap = _wait_closed(client, deadline_s=COOLDOWN_S + 60)
+            assert snap["closes"] == 1 and snap["trips"] == 1 and snap["probes_run"]["passed"] == 2, snap
             for _ in range(2):
                 r = client.embed(["is the primary back?"], deadline_ms=LOOSE_MS)
                 assert r.meta["degraded"] is False and r.meta["package_sha256"] != fallback_sha, r.meta
@@ -104,6 +106,15 @@ def test_breaker_trips_degrades_to_the_int8_fallback_and_recovers(minilm_fallbac
     with capsys.disabled():
         print(f"\n[breaker] int8 fallback vs primary on {len(texts)} parity texts, served through the runtime: "
               f"cos min {cos.min():.6f}, mean {cos.mean():.6f}")
+
+
+def _wait_closed(client: EdgeClient, deadline_s: float) -> dict:
+    """The breaker's snapshot once it is closed again (its probes run on the server's own clock)."""
+    end = time.monotonic() + deadline_s
+    while (snap := _breaker(client))["state"] != "closed":
+        assert time.monotonic() < end, f"the breaker did not close within {deadline_s:.0f} s: {snap}"
+        time.sleep(0.2)
+    return snap
 
 
 def _trace(trace_id: str, state: Path) -> dict:

@@ -54,28 +54,45 @@ def test_without_a_fallback_it_fails_fast():
     assert b.snapshot()["failed_fast_requests"] == 3
 
 
-def test_half_open_probes_then_closes_or_reopens():
+def test_half_open_probes_are_the_servers_own_then_it_closes_or_reopens():
     clock = Clock()
     b = CircuitBreaker(threshold=1, cooldown_s=10, probes=3, has_fallback=True, clock=clock)
     b.primary_done(0, 1, "x")
     clock.t += 9.9
-    assert b.route() is Route.FALLBACK  # still cooling down
+    assert not b.probe_due() and b.route() is Route.FALLBACK  # still cooling down
+    assert b.seconds_to_probe() == pytest.approx(0.1)
     clock.t += 0.2
-    assert b.route() is Route.PRIMARY and b.state is BreakerState.HALF_OPEN  # the probe
-    assert b.route() is Route.FALLBACK  # one probe at a time
-    b.primary_done(2, 0)
+    assert b.probe_due() and b.state is BreakerState.HALF_OPEN
+    assert b.route() is Route.FALLBACK  # clients never probe: the loop's own probes do
+    b.primary_done(5, 0)  # a client batch's outcome decides nothing while half-open
+    b.probe_done(True)
+    b.probe_done(True)
     assert b.state is BreakerState.HALF_OPEN  # 2 of 3
-    assert b.route() is Route.PRIMARY
-    b.primary_done(0, 1, "still slow")  # a failed probe: open again, a new cool-down
-    assert b.state is BreakerState.OPEN and b.trips == 2
-    assert b.route() is Route.FALLBACK
+    b.probe_done(False, "still slow")  # a failed probe: open again, a new cool-down
+    assert b.state is BreakerState.OPEN and b.trips == 2 and b.last_trip["cause"] == "probe"
+    assert not b.probe_due()
     clock.t += 10.1
-    assert b.route() is Route.PRIMARY
-    b.primary_done(3, 0)
-    assert b.state is BreakerState.CLOSED and b.closes == 1
+    assert b.probe_due()
+    for _ in range(3):
+        b.probe_done(True)
+    assert b.state is BreakerState.CLOSED and b.closes == 1 and b.seconds_to_probe() is None
     assert b.route() is Route.PRIMARY
     snap = b.snapshot()
     assert snap["state"] == "closed" and snap["trips"] == 2 and snap["open_for_s"] is None
+    assert [t["cause"] for t in snap["trips_recent"]] == ["late", "probe"], snap["trips_recent"]
+    assert snap["probes_run"] == {"passed": 5, "failed": 1}
+
+
+def test_engine_cost_tells_the_clients_deadline_from_the_engines_slowness():
+    from edge.serving.engine_cost import SLOW_FACTOR, SLOW_SLACK_MS, EngineCost
+
+    cost = EngineCost({(1, 16): 10.0, (8, 16): 40.0, (1, 128): 30.0})
+    assert cost.expected_ms(1, 16) == 10.0 and cost.expected_ms(5, 16) == 10.0 and cost.expected_ms(8, 16) == 40.0
+    assert cost.expected_ms(2, 64) is None
+    assert cost.impossible(5.0, 1, 16) and not cost.impossible(10.0, 1, 16)
+    assert not cost.slow(SLOW_FACTOR * 10 + SLOW_SLACK_MS, 1, 16) and cost.slow(SLOW_FACTOR * 10 + SLOW_SLACK_MS + 1, 1, 16)
+    assert cost.slow(1.0, 2, 64)  # a shape never warmed: nothing to excuse it with
+    assert EngineCost({(2, 32): 8.0}).expected_ms(1, 32) == 4.0  # below the smallest warmed size: scaled
 
 
 def test_a_batch_from_before_the_trip_does_not_count():
