@@ -53,10 +53,26 @@ def host_nofile(wanted: int) -> int:
     return hard
 
 
+def supervisor_events(log: str, name: str | None = None) -> list[dict]:
+    """edge-supervise's log lines (JSON, ``source`` edge-supervise) in ``log``, those of event ``name``."""
+    found = []
+    for line in log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("source") == "edge-supervise":
+            if name is None or record.get("event") == name:
+                found.append(record)
+    return found
+
+
 def runnable_bundle(bundle: Path, workdir: Path) -> Path:
     """``bundle``, or where this host cannot grant its RLIMIT_NOFILE, a directory in ``workdir``
     with a copy of its config.json (that limit lowered to :func:`host_nofile`, paths made absolute)
-    and of its metadata, as edge-supervise does for deferred devices. The bundle stays untouched."""
+    and of its metadata. The bundle stays untouched. For tests that run runc themselves:
+    edge-supervise caps the limit on its own (its ``supervise.nofile_capped``), so the tests of
+    the supervisor and the unit give it the bundle as built."""
     config = json.loads((bundle / "config.json").read_text())
     rlimits = config["process"]["rlimits"]
     nofile = next(r for r in rlimits if r["type"] == "RLIMIT_NOFILE")

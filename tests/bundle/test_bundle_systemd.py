@@ -1,7 +1,10 @@
 """systemd/edge.service under a real systemd (PID 1 of a systemd-nspawn container):
 the unit starts the bundle to READY, the bundle's drop-in (a symlink, as docs/bundle.md installs
 it) sets the unit's MemoryMax/TasksMax, and the kernel enforces them on the unit's cgroup and the
-container's below it.
+container's below it. The bundle is the one built, its config.json unchanged (RLIMIT_NOFILE
+65536): where this host's root cannot grant that (no CAP_SYS_RESOURCE, a lower hard limit),
+LimitNOFILE= gets the closest systemd can, edge-supervise starts the container with that and
+warns in the journal, and the unit is active, not restarting on runc's "error setting rlimit".
 
 Needs root, runc and systemd-nspawn (Debian package systemd-container); skipped otherwise.
 The unit gets a name of its own: nspawn shares the host's cgroup tree, so two runs must not
@@ -17,21 +20,37 @@ import uuid
 
 import pytest
 
-from bundle_support import REPO, bundle_meta, runc_or_skip, runnable_bundle
+from bundle_support import REPO, bundle_meta, host_nofile, runc_or_skip, supervisor_events
 
 # Runs in the nspawn container as probe.service; host python3, stdlib only. argv: unit name.
 _PROBE = r'''
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
 unit = sys.argv[1]
 out = {"start": subprocess.run(["systemctl", "start", unit], capture_output=True, text=True).returncode}
+time.sleep(3)  # a unit that crash-loops would be restarting (RestartSec=2) by now
 show = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "MemoryMax", "-p", "TasksMax", "-p",
-                       "DropInPaths", unit], capture_output=True, text=True).stdout
+                       "DropInPaths", "-p", "NRestarts", "-p", "LimitNOFILE", "-p", "MainPID", unit],
+                      capture_output=True, text=True).stdout
 out["show"] = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
 def read(path):
     try:
         return open(path).read().strip()
     except OSError:
         return None
+def nofile(pid):
+    for line in (read(f"/proc/{pid}/limits") or "").splitlines():
+        if line.startswith("Max open files"):
+            return [int(x) for x in line.split()[3:5]]
+    return None
+state = subprocess.run(["runc", "state", unit], capture_output=True, text=True)
+out["nofile"] = {"supervisor": nofile(out["show"].get("MainPID")),
+                 "container": nofile(json.loads(state.stdout)["pid"]) if state.returncode == 0 else state.stderr}
+for _ in range(50):  # journald reads the unit's stdout on its own time
+    out["journal"] = subprocess.run(["journalctl", "-u", unit, "-o", "cat", "--no-pager"],
+                                    capture_output=True, text=True).stdout
+    if "supervise.ready" in out["journal"]:
+        break
+    time.sleep(0.1)
 cgroups = {}
 for top, dirs, _files in os.walk("/sys/fs/cgroup"):
     if os.path.basename(top) == unit + ".service":
@@ -66,13 +85,18 @@ def test_unit_and_container_limits_are_in_effect_under_systemd(ort_bundle, tmp_p
     nsp, out = tmp_path / "nsp", tmp_path / "out"
     nsp.mkdir()
     out.mkdir()
-    bundle = runnable_bundle(ort_bundle, nsp)  # its open-files limit lowered where this host cannot grant it
-    inside = f"/nsp/{bundle.name}" if bundle.parent == nsp else str(bundle)
+    inside = str(ort_bundle.resolve())  # the bundle as built: edge-supervise caps what this host cannot grant
+    config_before = (ort_bundle / "config.json").read_bytes()
+    (wanted,) = [r["hard"] for r in json.loads(config_before)["process"]["rlimits"] if r["type"] == "RLIMIT_NOFILE"]
+    # systemd gives LimitNOFILE=65536 where it can, else the closest: nspawn's hard limit, this process's.
+    granted = host_nofile(wanted)
     shutil.copyfile(REPO / "systemd" / "edge-supervise", nsp / "edge-supervise")
     text = (REPO / "systemd" / "edge.service").read_text()
     text = text.replace("/usr/local/lib/edge/edge-supervise", "/nsp/edge-supervise")
     text = text.replace("EDGE_BUNDLE=/opt/edge/bundle/current", f"EDGE_BUNDLE={inside}")
     text = text.replace("EDGE_CONTAINER_ID=edge ", f"EDGE_CONTAINER_ID={unit} ")
+    # No snapshot beside the cached bundle, read-only for tests (test_bundle_snapshot_supervise.py has its own).
+    text = text.replace("EDGE_SNAPSHOT=auto", "EDGE_SNAPSHOT=off")
     (nsp / f"{unit}.service").write_text(text)
     (nsp / "dropins").mkdir()
     (nsp / "dropins" / "limits.conf").symlink_to(ort_bundle.resolve() / UNIT_DROPIN)  # as docs/bundle.md installs it
@@ -97,7 +121,18 @@ def test_unit_and_container_limits_are_in_effect_under_systemd(ort_bundle, tmp_p
     assert (out / "result.json").exists(), boot.stdout[-3000:] + boot.stderr[-3000:]
     r = json.loads((out / "result.json").read_text())
     limits = bundle_meta(ort_bundle)["limits"]
-    assert r["start"] == 0 and r["show"]["ActiveState"] == "active", r
+    assert r["start"] == 0 and r["show"]["ActiveState"] == "active" and r["show"]["NRestarts"] == "0", r
+    # Open files: the unit's LimitNOFILE=, what the supervisor got and what it gave the container.
+    assert r["show"]["LimitNOFILE"] == "65536", r["show"]
+    assert r["nofile"] == {"supervisor": [granted, granted], "container": [granted, granted]}, r["nofile"]
+    capped = supervisor_events(r["journal"], "supervise.nofile_capped")
+    if granted < wanted:
+        (event,) = capped
+        assert (event["wanted"], event["granted"]) == (wanted, granted), event
+        assert "LimitNOFILE= in edge.service" in event["warning"], event
+    else:
+        assert capped == [], r["journal"]
+    assert (ort_bundle / "config.json").read_bytes() == config_before  # the bundle as signed
     assert json.loads(r["health"])["ready"] is True, r
     # systemd read the bundle's drop-in through the symlink, and it overrides the static lines.
     assert r["show"]["DropInPaths"].endswith(f"{unit}.service.d/limits.conf"), r["show"]
