@@ -1,7 +1,8 @@
 """The runtime's numbers in Prometheus' text format (docs/metrics.md lists every metric).
 
-One exposition path: :class:`EdgeCollector` reads what the ``stats`` reply reads, at the
-moment of a scrape or a textfile write, and turns it into metric families:
+One exposition path: :class:`EdgeCollector` reads what the ``stats`` reply reads, at each
+render (at most once per interval, whatever the scrapes: :mod:`edge.metrics_cache`), and
+turns it into metric families:
 
 * :meth:`edge.serving.metrics.Metrics.snapshot` (requests, replies, latencies, batches);
 * admission's counters and the scheduler's queue lengths (queue depth);

@@ -3,7 +3,11 @@
 ``edge serve --metrics-textfile DIR`` writes ``DIR/edge.prom`` every ``--metrics-interval``
 seconds and once more at shutdown; ``--metrics-listen HOST:PORT`` serves ``GET /metrics``
 (docs/metrics.md). Both start after READY, on threads of their own: nothing here runs on the
-serving path, and the text is rendered by :mod:`edge.metrics_export` at the moment it is read.
+serving path. The text is rendered by :mod:`edge.metrics_export` at most once per
+``min(RENDER_INTERVAL_S, --metrics-interval)``, and every scrape and file write in between is
+served from that render (:mod:`edge.metrics_cache`). The listener (:mod:`edge.metrics_http`)
+is bounded by the ``LISTEN_*`` limits below: connections at once, one deadline per
+connection from accept to the reply sent, and accepts per second.
 
 Before READY the boot only checks (:func:`check_metrics_export`) that ``prometheus_client`` is
 installed and the directory writable, without importing either module.
@@ -20,8 +24,12 @@ from edge.errors import BootError, ErrorCode
 __all__ = ["MetricsPublisher", "check_metrics_export", "start_metrics", "wanted", "write_textfile", "TEXTFILE_NAME"]
 
 TEXTFILE_NAME = "edge.prom"
+# The listener's limits (edge/metrics_http.py, docs/metrics.md Limits)
 LISTEN_CLIENTS = 4  # scrapes served at once; a connection beyond them is closed unanswered
-LISTEN_TIMEOUT_S = 5.0  # a client that sends or reads nothing this long loses its connection (s)
+LISTEN_TIMEOUT_S = 5.0  # a connection's whole time, accept to the reply sent; then it is closed (s)
+LISTEN_HEAD_GRACE_S = 1.0  # still sending its request head after this long: its slot goes to a newcomer (s)
+LISTEN_ACCEPTS_PER_S = 20.0  # connections accepted a second (bursts of LISTEN_CLIENTS); the rest wait
+RENDER_INTERVAL_S = 1.0  # a scrape's text is at most this old (s), or --metrics-interval when shorter
 MISSING = "prometheus-client is not installed: pip install 'edge[metrics]' (or drop the --metrics-* flags)"
 
 
@@ -69,15 +77,16 @@ class MetricsPublisher:
     """The textfile writer's thread and the HTTP listener's, over one registry."""
 
     def __init__(self, registry: Any, *, textfile_dir: str | None = None, interval_s: float = 15.0) -> None:
+        from edge.metrics_cache import Exposition
+
         self.registry = registry
+        self.exposition = Exposition(registry, min(RENDER_INTERVAL_S, interval_s))  # the file's and the scrapes'
         self.textfile_dir = textfile_dir
         self.interval_s = interval_s
         self.address: tuple[str, int] | None = None  # bound (host, port), port resolved
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
-        self._httpd = None
-        self._listener: threading.Thread | None = None
-        self._wake_r = self._wake_w = -1
+        self._http = None  # edge.metrics_http.MetricsListener
         self._write_error: str | None = None  # the last failure's kind, logged once until a write succeeds
 
     def start(self) -> None:
@@ -90,26 +99,23 @@ class MetricsPublisher:
     def stop(self, final_write: bool = True) -> None:
         """Stop both threads; write the file a last time (the state then says draining or stopped)."""
         self._stop.set()
-        if self._httpd is not None:
-            os.write(self._wake_w, b"x")
-            self._listener.join(2.0)
-            self._httpd.server_close()
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
-            self._httpd = None
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         if self._writer is not None:
             self._writer.join(2.0)
             if final_write:
-                self.write()
+                self.write(fresh=True)
 
     # ------------------------------------------------------------ textfile
 
-    def write(self) -> bool:
+    def write(self, fresh: bool = False) -> bool:
+        """Write the file from the last render, or a new one when it is older than the interval
+        (``fresh``: a new one in any case)."""
         from edge.log import log
-        from edge.metrics_export import render
 
         try:
-            path = write_textfile(self.textfile_dir, render(self.registry))
+            path = write_textfile(self.textfile_dir, self.exposition.text(fresh=fresh))
         except Exception as exc:  # a full disk or a removed directory must not stop the serving
             kind = f"{type(exc).__name__} {getattr(exc, 'errno', '')}"  # the message names a random temp file
             if kind != self._write_error:
@@ -130,75 +136,12 @@ class MetricsPublisher:
 
     def start_listener(self, host: str, port: int) -> None:
         """Bind ``host:port`` (OSError when it cannot) and serve ``GET /metrics`` on a thread."""
-        import selectors
-        import socket
-        from http.server import ThreadingHTTPServer
+        from edge.metrics_http import MetricsListener
 
-        from prometheus_client.exposition import MetricsHandler
-
-        registry = self.registry
-
-        class Handler(MetricsHandler):
-            timeout = LISTEN_TIMEOUT_S  # StreamRequestHandler: the socket's timeout
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-                    self.send_error(404, "only /metrics is served here")
-                    return
-                super().do_GET()
-
-        Handler.registry = registry
-
-        class Server(ThreadingHTTPServer):
-            """At most LISTEN_CLIENTS connections served at once, each on a daemon thread: a
-            slow or stuck client costs a thread for LISTEN_TIMEOUT_S, never the serving."""
-
-            daemon_threads = True
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            slots = threading.BoundedSemaphore(LISTEN_CLIENTS)
-
-            def process_request(self, request, client_address) -> None:
-                if not self.slots.acquire(blocking=False):
-                    self.shutdown_request(request)
-                    return
-                try:
-                    super().process_request(request, client_address)
-                except BaseException:
-                    self.slots.release()
-                    raise
-
-            def process_request_thread(self, request, client_address) -> None:
-                try:
-                    super().process_request_thread(request, client_address)
-                finally:
-                    self.slots.release()
-
-            def handle_error(self, request, client_address) -> None:
-                pass  # a client that went away mid-reply; http.server would print a traceback
-
-        self._httpd = Server((host, port), Handler)
-        self._httpd.timeout = 0  # handle_request() after select() said a connection waits
-        self.address = self._httpd.server_address[:2]
-        self._wake_r, self._wake_w = os.pipe()
-
-        def serve() -> None:
-            # Blocks until a connection or stop() (no polling while idle, unlike serve_forever).
-            try:
-                with selectors.DefaultSelector() as sel:
-                    sel.register(self._httpd.socket, selectors.EVENT_READ)
-                    sel.register(self._wake_r, selectors.EVENT_READ)
-                    while not self._stop.is_set():
-                        for key, _ in sel.select():
-                            if key.fd == self._wake_r:
-                                return
-                            self._httpd.handle_request()
-            except Exception:
-                from edge.log import log_exception
-
-                log_exception("metrics.listener_failed", level="error")
-
-        self._listener = threading.Thread(target=serve, name="edge-metrics-http", daemon=True)
-        self._listener.start()
+        self._http = MetricsListener(host, port, self.exposition, clients=LISTEN_CLIENTS, timeout_s=LISTEN_TIMEOUT_S,
+                                     head_grace_s=LISTEN_HEAD_GRACE_S, accepts_per_s=LISTEN_ACCEPTS_PER_S)
+        self.address = self._http.address
+        self._http.start()
 
 
 def start_metrics(args, server: Any, telemetry: Callable[[], dict | None] | None = None) -> MetricsPublisher | None:
