@@ -26,8 +26,9 @@ def journal_families(info: dict | None) -> Iterator[Metric]:
     c.add_metric([], info.get("entries_written", 0))
     yield c
     c = CounterMetricFamily("edge_journal_entries_dropped_total", "Journal entries not written: queue_full (the "
-                            "writer fell behind), disabled (after a write error), too_large", labels=["reason"])
-    for reason in ("queue_full", "disabled", "too_large"):
+                            "writer fell behind), disabled (after a write error), too_large, no_space (lost while "
+                            "writing was paused by a full disk)", labels=["reason"])
+    for reason in ("queue_full", "disabled", "too_large", "no_space"):
         c.add_metric([reason], (info.get("dropped_by_reason") or {}).get(reason, 0))
     yield c
     c = CounterMetricFamily("edge_journal_write_errors_total", "Failed journal or rejected-sample writes")

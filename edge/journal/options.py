@@ -25,7 +25,9 @@ __all__ = ["ENVIRONMENT", "DEFAULT_JOURNAL_MAX_BYTES", "MIN_JOURNAL_MAX_BYTES", 
 # docs/trace.md sizes it for a device's own saturation rate. 1/16 of it per segment.
 DEFAULT_JOURNAL_MAX_BYTES = 256 << 20
 MIN_JOURNAL_MAX_BYTES = 64 << 10  # below this a segment could not hold a few entries (bytes)
-MAX_KEEP_REJECTED = 10_000  # samples; each at most 4 KiB of payload and ~1 KiB of metadata
+# Samples. Each takes 8 KiB on 4 KiB blocks (a payload of 4 KiB at most and ~0.4 KiB of metadata,
+# two files, each rounded up to a block; edge/journal/rejected.py), counted in the journal's cap.
+MAX_KEEP_REJECTED = 10_000
 OFF = "off"  # --journal-dir off: no journal
 ENVIRONMENT = {  # merged into edge.settings.ENVIRONMENT
     "EDGE_STATE_DIR": "edge serve --state-dir, and where edge trace --state-dir looks by default",
@@ -114,9 +116,9 @@ def add_serve_arguments(p, e) -> None:
                         "STATE_DIR/journal; off: no journal; env EDGE_JOURNAL_DIR)")
     p.add_argument("--journal-max-bytes", type=_journal_bytes, metavar="BYTES",
                    default=e("EDGE_JOURNAL_MAX_BYTES", str(DEFAULT_JOURNAL_MAX_BYTES)),
-                   help="cap of the journal on disk, segments included, oldest deleted first; K, M, G suffixes; "
-                        "0: no journal (env EDGE_JOURNAL_MAX_BYTES)")
+                   help="cap on disk of the journal's segments and the rejected samples together, oldest deleted "
+                        "first; K, M, G suffixes; 0: no journal (env EDGE_JOURNAL_MAX_BYTES)")
     p.add_argument("--keep-rejected", type=_keep, metavar="N", default=e("EDGE_KEEP_REJECTED", "0"),
                    help="keep the payloads of the last N requests refused as invalid (1xxx codes), 4 KiB each at "
-                        "most, in STATE_DIR/rejected (0600), for `edge trace`; 0: keep none "
-                        "(env EDGE_KEEP_REJECTED)")
+                        "most (8 KiB on disk, within --journal-max-bytes), in STATE_DIR/rejected (0600), for "
+                        "`edge trace`; 0: keep none (env EDGE_KEEP_REJECTED)")

@@ -188,14 +188,15 @@ def test_an_unusable_directory_turns_the_journal_off_counted_and_logged_once(tmp
     j.stop()
     info = j.info()
     assert info["enabled"] is False and info["write_errors"] == 1 and "NotADirectoryError" in info["errors"]["journal"]
+    assert info["dropped_by_reason"]["disabled"] == 3 and info["entries_written"] == 0  # queued before it failed
     _fill(j, 4)  # after the failure: counted, never queued
-    assert j.info()["dropped_by_reason"]["disabled"] == 4 and j.info()["queued"] == 0
+    assert j.info()["dropped_by_reason"]["disabled"] == 3 + 4 and j.info()["queued"] == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert [x["event"] for x in lines].count("journal.disabled") == 1
     assert [x["level"] for x in lines if x["event"] == "journal.disabled"] == [level]  # a default dir: warning
 
 
-def test_a_disk_that_fills_up_mid_run_turns_the_journal_off(tmp_path, monkeypatch, capsys):
+def test_a_disk_that_fills_up_mid_run_pauses_the_journal_and_counts_the_loss(tmp_path, monkeypatch, capsys):
     d = str(tmp_path / "journal")
     j = Journal(d, 1 << 20, LINEAGE)
     _fill(j, 10)
@@ -210,8 +211,11 @@ def test_a_disk_that_fills_up_mid_run_turns_the_journal_off(tmp_path, monkeypatc
     _fill(j, 10)
     j.stop()
     info = j.info()
-    assert info["enabled"] is False and info["write_errors"] >= 1 and "No space left" in info["errors"]["journal"]
-    assert "journal.disabled" in capsys.readouterr().out
+    assert info["enabled"] is True and info["paused"] is True and info["write_errors"] == 1 and not info["errors"]
+    assert info["entries_written"] == 0 and info["dropped_by_reason"]["no_space"] == 10
+    out = capsys.readouterr().out
+    assert "journal.paused" in out and "journal.disabled" not in out
+    assert reader.extent(d)["entries"] == 10  # the first run's: nothing of the second one reached a file
 
 
 # ------------------------------------------------------------------ rejected samples
@@ -242,7 +246,9 @@ def test_rejected_samples_are_bounded_private_and_truncated(tmp_path):
     assert [(f["size"], f["kept"], f["truncated"]) for f in s["frames"]] == [(22, 22, False),
                                                                             (10_001, SAMPLE_BYTES - 22, True)]
     assert s["frames"][0]["data"] == b'{"v":1,"type":"infer"}' and s["client"]["identity"] == "0080000001"
-    assert j.info()["rejected"] == {"enabled": True, "dir": str(rejected), "keep": 3, "kept": 3, "written": 10}
+    on_disk = sum(-(-os.path.getsize(rejected / n) // j.rejected.block) * j.rejected.block for n in names)
+    assert j.info()["rejected"] == {"enabled": True, "paused": False, "pauses": 0, "dir": str(rejected), "keep": 3,
+                                    "kept": 3, "bytes": on_disk, "written": 10, "lost": 0, "too_large": 0}
     j2 = Journal(None, 0, LINEAGE, rejected_dir=str(rejected), keep_rejected=2)  # a restart keeps the newest
     j2.stop()
     assert sorted(os.listdir(rejected)) == sorted(f"{t}{ext}" for t in ids[-2:] for ext in (".bin", ".json"))
