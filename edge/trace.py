@@ -6,8 +6,17 @@ and tokens, buckets and batches, the time of each phase, the reply's code, and t
 payload when it was refused as invalid and kept (``--keep-rejected``). ``--last N`` prints the
 newest N entries instead.
 
+It runs as root on files the runtime's user can write, so it trusts none of them
+(``edge/journal/checks.py``): regular files only, never through a symlink, lines and nesting
+bounded, every field checked. A bad line is skipped and counted, never hiding the good ones:
+the count and the reasons go to stderr, and into ``--json``'s ``skipped`` field for one trace
+id. Every character of a printed field that is not printable (C0 and C1 controls, DEL, bidi
+overrides, line separators, ...) is written as an escape (``\\x1b``, ``\\u202e``), in the text
+and, by JSON's own escapes, in ``--json``.
+
 Exit status: 0 found; 1 not found (the message says how far back the journal reaches); 2 usage
-error or no journal directory. Standard library only (no zmq, numpy or engine): it reads files.
+error, no journal directory, or one that cannot be read. Standard library only (no zmq, numpy or
+engine): it reads files.
 """
 
 from __future__ import annotations
@@ -19,13 +28,15 @@ __all__ = ["add_arguments", "run", "render"]
 
 _PREVIEW_CHARS = 400  # characters of a rejected payload shown as text
 _HEX_BYTES = 64  # bytes of it shown in hex
+_META_BYTES = 64 << 10  # a sample's metadata is ~1 KiB; a larger file is refused
 
 
 def add_arguments(sub, epilog: str | None = None) -> None:
     p = sub.add_parser("trace", help="print the journal's entry of a reply's trace id: client, texts, tokens, "
                                      "batches, phase timings, code, lineage (docs/trace.md)",
                        description="Print what the runtime recorded for one reply, by its trace id.",
-                       epilog=epilog or "exit status: 0 found; 1 not in the journal; 2 usage error or no journal")
+                       epilog=epilog or "exit status: 0 found; 1 not in the journal; 2 usage error, or no "
+                                        "journal, or one that cannot be read")
     p.add_argument("trace_id", nargs="?", metavar="TRACE_ID", help="the reply's trace_id (16 hex digits)")
     p.add_argument("--journal-dir", metavar="DIR", default=None,
                    help="the journal to read (default: $EDGE_JOURNAL_DIR, else STATE_DIR/journal)")
@@ -36,9 +47,25 @@ def add_arguments(sub, epilog: str | None = None) -> None:
     p.add_argument("--last", type=int, metavar="N", default=None, help="print the newest N entries instead")
 
 
+def _clean(text: str) -> str:
+    """``text`` with each character that ``str.isprintable`` calls unprintable (C0 and C1
+    controls, DEL, bidi overrides and isolates, line and paragraph separators, zero-width and
+    other format characters, lone surrogates) written as a Python escape: nothing read from the
+    journal moves the cursor, retitles or recolours the terminal, or reorders what is shown."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                   if ord(c) < 0x10000 else f"\\U{ord(c):08x}" for c in text)
+
+
 def _fail(message: str, code: int) -> int:
-    sys.stderr.write(f"edge trace: {message}\n")
+    sys.stderr.write(f"edge trace: {_clean(message)}\n")
     return code
+
+
+def _report(skipped) -> None:
+    if skipped:
+        sys.stderr.write(f"edge trace: {_clean(skipped.summary())}\n")
 
 
 def _dirs(args) -> tuple[str | None, str]:
@@ -49,28 +76,47 @@ def _dirs(args) -> tuple[str | None, str]:
 
 
 def _decoded(data: bytes):
-    """A whole frame as the server would have read it (JSON or msgpack), or None when it is neither."""
+    """A whole frame as the server would have read it (JSON or msgpack), or None when it is neither
+    (or nests deeper than a journal line may)."""
+    from edge.journal.checks import loads
+
     try:
         if data[:1] == b"{":
-            return json.loads(data)
+            return loads(data)
         import msgpack  # only for a sample: a plain lookup does not pay for it
 
-        return json.loads(json.dumps(msgpack.unpackb(data, raw=False), default=repr))
+        return loads(json.dumps(msgpack.unpackb(data, raw=False), default=repr).encode())
     except Exception:  # the reason it was refused, often
         return None
 
 
-def _sample(rejected: str, trace_id: str, as_json: bool) -> dict | None:
-    from edge.journal.rejected import read_sample
+def _sample(rejected: str, trace_id: str, as_json: bool, skipped) -> dict | None:
+    """The sample kept for ``trace_id`` (``edge/journal/rejected.py``'s files), read as the journal is."""
+    import os
 
-    meta = read_sample(rejected, trace_id)
-    if meta is None:
+    from edge.journal.checks import Bad, read_regular, sample_meta
+    from edge.journal.rejected import MAX_FRAMES, SAMPLE_BYTES
+
+    base = os.path.join(rejected, trace_id)
+    path = base + ".json"
+    try:
+        meta = sample_meta(read_regular(path, _META_BYTES), MAX_FRAMES)
+        path = base + ".bin"
+        data = read_regular(path, SAMPLE_BYTES)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # none kept, or not for this user (0700)
         return None
-    for frame in meta.get("frames") or []:
-        data = frame.pop("data", b"")
-        frame["text"] = data.decode("utf-8", "replace")[:_PREVIEW_CHARS if not as_json else None]
-        frame["hex"] = data.hex() if as_json else data[:_HEX_BYTES].hex(" ")
-        frame["decoded"] = _decoded(data) if not frame.get("truncated") else None
+    except Bad as exc:
+        skipped.file(path, str(exc))
+        return None
+    except OSError as exc:  # Refused, or not readable
+        skipped.file(path, str(exc) if not exc.strerror else exc.strerror)
+        return None
+    offset = 0
+    for frame in meta["frames"]:
+        kept, offset = data[offset:offset + frame["kept"]], offset + frame["kept"]
+        frame["text"] = kept.decode("utf-8", "replace")[:_PREVIEW_CHARS if not as_json else None]
+        frame["hex"] = kept.hex() if as_json else kept[:_HEX_BYTES].hex(" ")
+        frame["decoded"] = _decoded(kept) if not frame["truncated"] else None
     meta["path"] = f"{rejected}/{trace_id}.bin"
     return meta
 
@@ -143,7 +189,7 @@ def render(rec: dict) -> str:
                 add("", f"  read {json.dumps(f['decoded'])[:_PREVIEW_CHARS]}")
             add("", f"  text {json.dumps(f.get('text'))}")
             add("", f"  hex  {f.get('hex')}")
-    return "\n".join(lines)
+    return "\n".join(_clean(line) for line in lines)
 
 
 def _print(obj, as_json: bool) -> None:
@@ -153,6 +199,7 @@ def _print(obj, as_json: bool) -> None:
 def run(args) -> int:
     import os
 
+    from edge.journal.checks import Skipped
     from edge.journal.format import is_trace_id
 
     directory, rejected = _dirs(args)
@@ -164,28 +211,43 @@ def run(args) -> int:
     trace_id = (args.trace_id or "").strip().lower()
     if args.trace_id and not is_trace_id(trace_id):
         return _fail(f"{args.trace_id!r} is not a trace id (16 hex digits, as in a reply's trace_id)", 2)
-    have_journal = directory is not None and os.path.isdir(directory)
+    skipped = Skipped()
+    try:
+        return _lookup(args, trace_id, directory, rejected, directory is not None and os.path.isdir(directory), skipped)
+    except BrokenPipeError:  # stdout closed early (| head): what was printed is what was wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:  # the directory unreadable, or worse
+        _report(skipped)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+        return _fail(f"cannot read the journal at {directory}: {why} (--journal-dir DIR, --state-dir DIR)", 2)
+
+
+def _lookup(args, trace_id: str, directory: str | None, rejected: str, have_journal: bool, skipped) -> int:
     if args.last is not None:
         if not have_journal:
             return _fail(f"no journal at {directory} (--journal-dir DIR, --state-dir DIR)", 2)
         from edge.journal.reader import last
 
-        recs = [_record(e, lin, None) for e, lin in last(directory, args.last)]
+        recs = [_record(e, lin, None) for e, lin in last(directory, args.last, skipped)]
+        _report(skipped)
         _print(recs if args.json else "\n\n".join(render(r) for r in recs), args.json)
         return 0
-    sample = _sample(rejected, trace_id, args.json)
+    sample = _sample(rejected, trace_id, args.json, skipped)
     found = None
     if have_journal:
         from edge.journal.reader import find
 
-        found = find(directory, trace_id)
+        found = find(directory, trace_id, skipped)
     elif sample is None:
+        _report(skipped)
         return _fail(f"no journal at {directory}: point --journal-dir (or --state-dir) at the runtime's "
                      f"(edge serve --journal-dir, --state-dir)", 2)
     if found is None and sample is None:
         from edge.journal.reader import extent
 
-        x = extent(directory)
+        x = extent(directory, skipped=skipped)
+        _report(skipped)
         return _fail(f"{trace_id} is not in the journal at {directory}: it holds {x['entries']} entries in "
                      f"{x['segments']} segment(s) ({x['bytes']} bytes), from {_when(x['oldest_ms'])} to "
                      f"{_when(x['newest_ms'])}", 1)
@@ -197,5 +259,7 @@ def run(args) -> int:
                "client": sample.get("client"), "request_id": sample.get("request_id"), "lineage": None,
                "lineage_id": None, "timings_ms": {}, "journal_entry": False}
     rec["rejected_sample"] = sample
+    rec["skipped"] = skipped.as_dict()
+    _report(skipped)
     _print(rec if args.json else render(rec), args.json)
     return 0

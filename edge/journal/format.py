@@ -50,7 +50,7 @@ def segment_seq(name: str) -> int | None:
     if not (name.startswith(PREFIX) and name.endswith(SUFFIX)):
         return None
     digits = name[len(PREFIX):-len(SUFFIX)]
-    return int(digits) if digits.isdigit() else None
+    return int(digits) if digits.isascii() and digits.isdigit() else None  # not int("²")
 
 
 def is_trace_id(text: str) -> bool:
