@@ -24,7 +24,9 @@ snapshot``, the installer before it restarts the unit) first calls :func:`prepar
 * leftovers of an earlier run that the runtime could not replace, because another uid owns
   them, are removed when nothing uses them: the socket file (when no one listens on it: an
   AF_UNIX connect is refused), its lock (when no one holds its flock) and the snapshot files
-  (``snapshot-point.json``, ``snapshot-resume.json``). A live socket or lock is left alone: the
+  (``snapshot-point.json``, ``snapshot-resume.json``), each only of the type a run leaves: a
+  socket at the socket's name, a regular file at the others' (``lstat``; a symlink, or a regular
+  file where the socket goes, stays). A live socket or lock is left alone: the
   runtime then says "another server is listening". Leftovers owned by the runtime's uid stay:
   the runtime removes its own stale socket and reuses its lock file itself. The snapshot tools
   (``snapshot_files=True``) also remove the snapshot files whoever owns them: a stale marker or
@@ -58,7 +60,8 @@ class SocketDirError(Exception):
 def ipc_socket_name(address):
     """The socket file's name in an ``ipc://DIR/NAME`` address; None for any other address."""
     if address and address.startswith("ipc://"):
-        return os.path.basename(address[len("ipc://"):]) or None
+        name = os.path.basename(address[len("ipc://"):])
+        return name if name not in ("", ".", "..") else None
     return None
 
 
@@ -165,6 +168,12 @@ def _sd_clean(dir_fd, path, uid, socket_name, snapshot_files):
             raise SocketDirError("blocked", path, (
                 f"{os.path.join(path, name)} is a directory, where the runtime keeps a file of that name: "
                 f"remove it (rm -r {os.path.join(path, name)}) and start again"))
+        # Only what an earlier run leaves there: a socket at the socket's name, a regular file at
+        # the others'. Anything else (a link, a regular file where the socket goes) was not left
+        # by a run and stays: removing it would let a bundle's address choose what goes.
+        expected = stat.S_ISSOCK if name == socket_name else stat.S_ISREG
+        if not expected(st.st_mode):
+            continue
         os.unlink(name, dir_fd=dir_fd)
         removed.append(name)
     return removed, live

@@ -10,6 +10,7 @@ Modules, one per stage or owner of state:
     installer.py  install, rollback, mark-good: the stages in order, the crash points
     archive.py    the archive's format (edge/archive/ owns it), its errors as the installer's
     compat.py     arch, L4T, device tree, free space
+    host_paths.py the host directories, socket, user and unit drop-in a bundle names: the allow-list
     unpack.py     members into the staging directory, each checked as it streams
     slots.py      the slots on disk; recover() after a killed run
     state.py      install.json: the pydantic model of slots, trial, history

@@ -2,10 +2,14 @@
 
     InstallError                  (exit 3) something failed midway; the message says what is left
     ├── Refused                   (exit 1) the archive is not accepted; the live slot is untouched
-    │                                      and nothing is left behind (`kind` says which check)
+    │                                      and nothing is left behind (`kind` says which check;
+    │                                      `host`: a host path, user or unit limit the bundle names
+    │                                      is outside what the installer allows, host_paths.py)
     ├── NotReady                  (exit 2) the device or the command line is not ready for it: no
     │                                      trusted key, no such file, `current` is not ours,
-    │                                      another installer runs, nothing to roll back to
+    │                                      another installer runs, nothing to roll back to, a
+    │                                      host directory the bundle names is a symlink, leads
+    │                                      out of the root, or would be refused at the start
     └── RestartFailed             (exit 4) the switch is done and recorded, but `systemctl restart
                                            edge` failed: the slot is on trial, and the trial's
                                            hooks roll it back if the unit keeps failing
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 __all__ = ["InstallError", "Refused", "NotReady", "RestartFailed", "REFUSAL_KINDS"]
 
-# Refused.kind, in the order install checks them: the first four before anything is written.
-REFUSAL_KINDS = ("archive", "signature", "manifest", "compatibility", "space", "member")
+# Refused.kind, in the order install checks them: all but "member" before anything is written
+# ("member" too when the member is edge-bundle.json or the unit's drop-in, read by the "host" check).
+REFUSAL_KINDS = ("archive", "signature", "manifest", "compatibility", "space", "host", "member")
 
 
 class InstallError(RuntimeError):

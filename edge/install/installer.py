@@ -4,24 +4,26 @@ install (docs/archive.md, "On the device"):
 
 1. ``read_head``: the signature of the manifest against the trusted keys, then the manifest;
 2. ``check_device``: compatibility (arch, L4T, device tree), then free space;
+3. ``check_host`` (host_paths.py): the host directories, socket, user and unit drop-in the bundle
+   names, read from the archive in a pass of their own, against the installer's allow-list
+   (Refused("host")), then resolved under the root (NotReady: a symlink out of the root, a
+   directory the start would refuse);
    -- nothing has been written up to here; a refusal leaves the root byte-identical --
-3. ``recover``: under the lock, remove what a killed run left and bring the state level;
-4. ``unpack``: into the inactive slot's staging directory, each member checked as it streams;
-5. ``replace_slot``: the staging directory renamed into the slot (the old content moved aside
+4. ``recover``: under the lock, remove what a killed run left and bring the state level;
+5. ``unpack``: into the inactive slot's staging directory, each member checked as it streams;
+6. ``replace_slot``: the staging directory renamed into the slot (the old content moved aside
    first, then removed: ``rename(2)`` cannot replace a non-empty directory); then the caches
    (snapshots) of bundles no slot holds any more are removed (cache.py);
-6. ``switch``: ``current`` renamed over by a new symlink to the slot;
-7. ``record``: the slot on trial in the state file;
-8. ``restart``: the new bundle's socket directory made ready (edge/socket_dir.py, as
-   edge-supervise does at each start: a root ``edge serve``'s leftovers removed), then
-   ``systemctl daemon-reload`` (the unit's drop-in follows ``current``) and
-   ``systemctl restart edge``; skipped with ``--no-restart`` or a root other than ``/``.
+7. ``switch``: ``current`` renamed over by a new symlink to the slot;
+8. ``record``: the slot on trial in the state file;
+9. ``restart``: the new bundle's host directories made ready (edge/socket_dir.py, as
+   edge-supervise does at each start: a root ``edge serve``'s leftovers removed), resolved and
+   checked again as ``check_host`` does; then ``systemctl daemon-reload`` (the unit's drop-in
+   follows ``current``) and ``systemctl restart edge``; skipped with ``--no-restart`` or a root
+   other than ``/``.
 
-A socket directory the start would refuse (a symlink, not a directory, writable by others) is
-found right after the unpack, before the switch: NotReady, the staging directory removed, the
-live slot untouched (switching would only make the unit fail its tries and roll back to a
-bundle that binds in the same directory). Should preparing it fail after the switch, the
-install stands with a warning: edge-supervise prepares it again, or refuses it, at the start.
+Should preparing the directories fail after the switch, the install stands with a warning:
+edge-supervise prepares them again, or refuses them, at the start.
 
 ``crash_at`` names a point after a stage (``edge.install.cli.CRASH_POINTS``) where the installer SIGKILLs
 itself, for the tests of a killed installer: whatever it left, the next run or ``status``
@@ -31,7 +33,6 @@ finds ``current`` pointing at a complete slot.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -42,14 +43,14 @@ from pathlib import Path
 from edge.install import archive as fmt
 from edge.install.cache import prune_caches
 from edge.install.compat import check_compatible, check_space, device_facts
-from edge.install.errors import NotReady, RestartFailed
+from edge.install.errors import InstallError, NotReady, Refused, RestartFailed
 from edge.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
-from edge.install.layout import SLOT_BUNDLE, DeviceLayout
+from edge.install.host_paths import MAX_META_BYTES, META, HostDirs, check_host, check_meta, host_dirs
+from edge.install.layout import DeviceLayout
 from edge.install.slots import check_slot, install_target, recover
 from edge.install.state import (TRIAL_TRIES, InstallState, SlotRecord, Trial, TrialStatus, now, save_state)
 from edge.install.unpack import UnpackStats, unpack
-from edge.socket_dir import (SocketDirError, check_socket_dir, ipc_socket_name, prepare_host_dirs,
-                             prepare_socket_dir)
+from edge.socket_dir import SocketDirError, prepare_host_dirs, prepare_socket_dir
 
 __all__ = ["UNIT", "InstallReport", "install", "rollback", "switch_back", "on_trial", "mark_good", "locked",
            "restart_unit"]
@@ -156,45 +157,40 @@ def record(layout: DeviceLayout, state: InstallState, slot: str, archive: Path, 
     return st
 
 
-def _socket_dir_of(layout: DeviceLayout, bundle: Path) -> tuple[str, int, int, str | None] | None:
-    """``bundle``'s socket directory on this root, its runtime's uid and gid, the socket's name;
-    None for a bundle whose edge-bundle.json names none."""
+def _live_host_dirs(layout: DeviceLayout) -> HostDirs | None:
+    """The live bundle's host directories, checked as install checked them (host_paths.py):
+    a slot rolled back to is prepared by the same rules. None for a bundle without edge-bundle.json."""
     try:
-        meta = json.loads((bundle / "edge-bundle.json").read_text())
-        path, uid, gid = meta["socket_dir"], int(meta["user"]["uid"]), int(meta["user"]["gid"])
-    except (OSError, ValueError, KeyError, TypeError):
+        fd = os.open(layout.current / META, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    path = path if layout.is_system_root else str(layout.root / path.lstrip("/"))
-    return path, uid, gid, ipc_socket_name(meta.get("address"))
-
-
-def check_sockets(layout: DeviceLayout, bundle: Path) -> None:
-    """Before the switch: NotReady when the start would refuse ``bundle``'s socket directory."""
-    found = _socket_dir_of(layout, bundle)
-    try:
-        if found is not None:
-            check_socket_dir(found[0], found[2])
-    except SocketDirError as exc:
-        raise NotReady(f"{exc}; nothing was switched, the live slot is unchanged") from None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_META_BYTES + 1)
+    if len(data) > MAX_META_BYTES:
+        raise Refused("host", f"{META}: more than {MAX_META_BYTES} bytes")
+    return host_dirs(layout, check_meta(data))
 
 
 def prepare_sockets(layout: DeviceLayout) -> str | None:
-    """The live bundle's socket directory made ready for its start; what was done, or a warning,
-    for the operator (None when nothing was to do)."""
-    found = _socket_dir_of(layout, layout.current)
-    if found is None:
-        return None
-    path, uid, gid, name = found
+    """The live bundle's socket directory (and its state and metrics directories) made ready for
+    its start; what was done, or a warning, for the operator (None when nothing was to do)."""
     try:
-        done = prepare_socket_dir(path, uid, gid, socket_name=name)
-        meta = json.loads((layout.current / "edge-bundle.json").read_text())
-        on_root = lambda d: d if layout.is_system_root or not d else str(layout.root / d.lstrip("/"))  # noqa: E731
-        prepare_host_dirs(uid, gid, on_root(meta.get("metrics_dir")), on_root(meta.get("state_dir")))
-    except (SocketDirError, OSError, ValueError) as exc:
-        return f"warning: socket directory {path} not prepared: {exc}; edge-supervise prepares (or refuses) it at start"
+        found = _live_host_dirs(layout)
+        if found is None or found.socket_dir is None and found.state_dir is None and found.metrics_dir is None:
+            return None
+        done = None
+        if found.socket_dir is not None:
+            done = prepare_socket_dir(found.socket_dir, found.uid, found.gid, socket_name=found.socket_name)
+        prepare_host_dirs(found.uid, found.gid, found.metrics_dir, found.state_dir)
+    except (InstallError, SocketDirError, OSError, ValueError) as exc:
+        return (f"warning: the bundle's host directories were not prepared: {exc}; edge-supervise prepares (or "
+                f"refuses) them at start")
+    if done is None:
+        return None
+    path = found.socket_dir
     changed = ["created"] if done["created"] else []
     if done["chowned_from"]:
-        changed.append(f"owner was {done['chowned_from']}, now {uid}:{gid}")
+        changed.append(f"owner was {done['chowned_from']}, now {found.uid}:{found.gid}")
     if done["chmodded_from"]:
         changed.append(f"mode was {done['chmodded_from']}, now 0750")
     if done["removed"]:
@@ -232,6 +228,7 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
     with fmt.open_archive(archive) as reader:
         manifest, manifest_bytes, signature = read_head(reader, layout)
         check_device(layout, manifest, assume_free)
+        check_host(layout, archive, manifest, manifest_bytes, signature)  # the bundle's host paths, user, drop-in
         timings["verify"] = time.monotonic() - t
         _crash(crash_at, "after-verify")
         with locked(layout, create=True) as (state, notes):
@@ -245,7 +242,6 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
             try:
                 stats = unpack(reader, manifest, manifest_bytes, signature, staging,
                                midway=lambda: _crash(crash_at, "mid-unpack"))
-                check_sockets(layout, staging / SLOT_BUNDLE)  # a refusal: before the switch
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
