@@ -27,11 +27,14 @@ and before each send; nothing here blocks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import struct
 
 import zmq
+
+from edge.ipc.endpoint import remove_ipc_file
 
 __all__ = ["Connections", "connection_cap", "DEFAULT_MAX_CONNECTIONS", "UNKNOWN_CONN"]
 
@@ -71,6 +74,7 @@ class Connections:
         self._open: set[int] = set()  # numbers of the connections open now
         self._next = UNKNOWN_CONN + 1
         self.parked = False
+        self._retired = False  # shutting down: the socket file is gone for good (stop_accepting)
         self.parks = 0  # times the socket file was parked
         self.peak = 0  # most connections held at once
 
@@ -99,7 +103,7 @@ class Connections:
                     self._open.discard(old[0])
         n = len(self._open)
         self.peak = max(self.peak, n)
-        if self._path is None:
+        if self._path is None or self._retired:
             return
         if not self.parked and n >= self.cap:
             self._park()
@@ -164,6 +168,21 @@ class Connections:
         from edge.log import log
 
         log("ipc.connections_restored", level="info", open=len(self._by_fd))
+
+    def stop_accepting(self, inode: int | None) -> None:
+        """Shutdown, before the last reads: remove the socket file (parked or not) for good, so no
+        new connection comes while the open ones are read to the end and answered. They keep
+        working both ways; ``zmq_unbind`` would close them, and their replies with them.
+        Nothing to do on tcp: its listener cannot be closed alone."""
+        if self._path is None or self._retired:
+            return
+        self._retired = True
+        if inode is not None:
+            remove_ipc_file(os.path.join(self._parked_dir, "sock") if self.parked else self._path, inode)
+        if self.parked:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._parked_dir)
+            self.parked = False
 
     def close(self) -> None:
         """Put a parked socket file back (the server removes it on close) and stop monitoring."""

@@ -13,6 +13,10 @@ The I/O thread owns the socket, the lifecycle state and the table of requests in
 request is sent only by popping the request from that table, so every accepted request gets exactly one reply,
 whatever races with cancel, deadlines or a drain timeout. Other threads talk to the I/O thread through one
 pipe: a byte written there wakes it to read the serving core's outbox, start draining or become ready.
+
+A drain (SIGTERM) keeps reading: every message gets its answer (an infer SHUTTING_DOWN) while the requests
+in flight finish. Once none is left, the socket file goes and the socket is read to the end before it
+closes (``edge/ipc/drain.py``), so no message the socket holds goes down with it unanswered.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import zmq
 from edge.errors import EdgeError, ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.connections import UNKNOWN_CONN, Connections, connection_cap
+from edge.ipc.drain import FinalReads, read_to_the_end
 from edge.ipc.replies import Peer, health_reply, peer_address, result_frames, split_envelope, stats_reply
 from edge.ipc.endpoint import bind_router, default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
 from edge.ipc.validate import parse_request
@@ -42,7 +47,7 @@ __all__ = ["IpcServer", "Lifecycle", "default_bind_address"]
 class Lifecycle(enum.Enum):
     BOOTING = "booting"  # bound (maybe started): health says not ready, infer gets NOT_READY
     READY = "ready"  # serving infer requests
-    DRAINING = "draining"  # drain requested: infer gets SHUTTING_DOWN, requests in flight finish
+    DRAINING = "draining"  # drain requested: infer gets SHUTTING_DOWN, requests in flight finish, then last reads
     STOPPED = "stopped"  # threads ended, sockets closed, ipc file removed
 
 
@@ -64,6 +69,8 @@ class IpcServer:
         self.timeline = timeline
         self.drain_timeout_s = drain_timeout_s
         self.linger_ms = linger_ms
+        self.final_reads = FinalReads()  # the reads to the end before close: bounds (edge/ipc/drain.py)
+        self.last_reads: dict | None = None  # what those reads found (read, bytes, ms, cut), once done
         self._curve = curve  # CURVE and its ZAP handler on the router (tcp:// with --keys)
         self.max_connections = max_connections or connection_cap()
         self._conns: Connections | None = None
@@ -75,6 +82,7 @@ class IpcServer:
         # Owned by the I/O thread once it runs (before that, by the thread that calls start()).
         self._state = Lifecycle.BOOTING
         self._inflight: dict[tuple, Request] = {}
+        self._cancels: dict[int, tuple[Peer, Any]] = {}  # id(peer) -> (peer, request_id): cancels not yet answered
         self._seq = 0
         self._drain_deadline: float | None = None
         # Requests from other threads, read by the I/O thread after a wake-up.
@@ -188,7 +196,7 @@ class IpcServer:
         if self._conns is not None:  # puts a parked socket file back, for the removal below
             self._conns.close()
         if self._router is not None:
-            self._router.close()  # LINGER lets queued replies leave
+            self._router.close(self.linger_ms)  # queued replies may leave for this long (term() waits for them)
         if self._curve is not None:  # its ZAP socket would hold up term()
             self._curve.stop()
         if loop_done:  # an engine stuck in run() keeps the process busy; term() could wait on it
@@ -235,6 +243,7 @@ class IpcServer:
                         conns.update()
                 if self._drain_deadline is not None and self._drained():
                     break
+            self._last_reads()
         except Exception:
             log_exception("ipc.io_thread_failed", level="error")
         finally:
@@ -249,17 +258,30 @@ class IpcServer:
         self._send_results()
 
     def _drained(self) -> bool:
-        """While draining: True once nothing is in flight, or the drain timeout answered the rest."""
+        """While draining: True once nothing is in flight (cancels included), or the drain timeout
+        answered the rest."""
         self._send_results()
-        if not self._inflight:
+        if not self._inflight and not self._cancels:
             return True
         if time.monotonic() < self._drain_deadline:
             return False
         log("shutdown.drain_timeout", level="warning", unfinished=len(self._inflight), answer="SHUTTING_DOWN",
-            trace_ids=[r.trace_id for r in self._inflight.values()][:100])
+            cancels=len(self._cancels), trace_ids=[r.trace_id for r in self._inflight.values()][:100])
         for request in list(self._inflight.values()):
             self._finish(request, ErrorCode.SHUTTING_DOWN, "server stopped before the request finished")
+        cancels, self._cancels = list(self._cancels.values()), {}
+        for peer, rid in cancels:  # their targets were answered just above; a late outcome is not sent
+            self._cancel_replied(peer, rid, False)
         return True
+
+    def _last_reads(self) -> None:
+        """Nothing in flight: take the socket file away, answer every message the socket still
+        holds or receives until it falls silent (bounded: edge/ipc/drain.py), then return to close."""
+        self._conns.stop_accepting(self._ipc_inode)
+        self.last_reads = summary = read_to_the_end(self._router, self._on_message, self.final_reads)
+        self._send_results()  # late outcomes of requests answered already: nothing is sent for them
+        if summary["read"] or summary["cut"]:  # a quiet stop logs draining, done and nothing between
+            log("shutdown.last_reads", level="warning" if summary["left_unread"] else "info", **summary)
 
     def _send(self, peer: Peer, frames: list, kind: str, code: int = 0, message: str | None = None,
               request_id: Any = None, request: Request | None = None) -> bool:
@@ -343,6 +365,7 @@ class IpcServer:
             return self._send_error(peer, ErrorCode.UNKNOWN_REQUEST_ID,
                                     f"no request {msg.request_id!r} in flight on this connection", msg.request_id,
                                     "cancel")
+        self._cancels[id(peer)] = (peer, msg.request_id)  # answered once: by its outcome or the drain timeout
         self.core.cancel(target, peer)
 
     def _on_health(self, peer: Peer, msg: P.HealthMsg) -> None:
@@ -366,14 +389,16 @@ class IpcServer:
                     self._finish(message.request)
                 elif isinstance(message, Failed):
                     self._finish(message.request, message.code, message.message)
-                elif isinstance(message, CancelOutcome):
-                    peer = message.reply_to
-                    reply = P.CancelReply(message.target.request_id, message.cancelled, peer.trace_id)
-                    if self._send(peer, reply.frames(peer.encoding), "cancel", request_id=reply.request_id):
-                        self.metrics.replied("cancel")
+                elif isinstance(message, CancelOutcome) and self._cancels.pop(id(message.reply_to), None):
+                    self._cancel_replied(message.reply_to, message.target.request_id, message.cancelled)
             except Exception:
                 log_exception("ipc.send_failed", level="error", type=type(message).__name__,
                               trace_id=getattr(getattr(message, "request", None), "trace_id", None))
+
+    def _cancel_replied(self, peer: Peer, request_id: Any, cancelled: bool) -> None:
+        reply = P.CancelReply(request_id, cancelled, peer.trace_id)
+        if self._send(peer, reply.frames(peer.encoding), "cancel", request_id=reply.request_id):
+            self.metrics.replied("cancel")
 
     def _finish(self, request: Request, code: ErrorCode | None = None, message: str = "") -> None:
         """Answer an infer request, once: only the caller that pops it from the table replies."""
