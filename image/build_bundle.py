@@ -2,24 +2,35 @@
 
     edge-bundle build --out DIR [--package DIR] [--engine onnxruntime|torchscript] [--cdi FILE]
                       [--socket-dir DIR] [--user UID:GID] [--arch ARCH] [--python PATH] [--tcp ADDR] [--metrics-dir DIR]
+                      [--allow-dirty] [--wheel FILE]
     edge-bundle verify DIR
 
 Steps (docs/bundle.md has the details):
 
 1. check the target architecture against the environment's interpreter (ELF header);
-2. boot the runtime to READY from that environment under a tracer (``image/bundle/trace.py``),
-   exercise it as a client, stop it; the files it imported, opened and mapped are the list;
-3. copy those files to ``rootfs/`` at their host paths, the model package's manifest, tokenizer and the engine's
-   files to ``/opt/edge/package`` (``image/bundle/package_copy.py``), write ``/etc/passwd``, byte-code, a loader cache;
-4. write ``config.json`` (read-only root, tmpfs /tmp, the socket directory bind-mounted,
+2. build the device wheel from the commit (``image/bundle/wheel.py``; a tree that differs from
+   HEAD is refused without ``--allow-dirty``) and install it in a work directory;
+3. boot the runtime to READY from the wheel and the environment's dependencies under a tracer
+   (``image/bundle/trace.py``), exercise it as a client, stop it; the files it imported, opened
+   and mapped are the list;
+4. copy those files to ``rootfs/``: the interpreter and the modules to the fixed paths of
+   ``image/bundle/layout.py`` (``/opt/edge/python``, ``/opt/edge/lib``), system libraries at their
+   paths; the model package's manifest, tokenizer and the engine's files to ``/opt/edge/package``
+   (``image/bundle/package_copy.py``); write ``/etc/passwd``, byte-code, a loader cache;
+5. write ``config.json`` (read-only root, tmpfs /tmp, the socket directory bind-mounted,
    non-root, no capabilities, seccomp, memory/pids/open-files limits derived from the sizes)
    and merge the CDI spec's GPU edits into it;
-5. write ``edge-bundle.json`` (where to connect, sizes, limits, what was traced, hashes),
+6. write ``edge-bundle.json`` (where to connect, sizes, limits, what was traced, hashes),
    ``rootfs.files`` and the unit's drop-in ``edge.service.d/limits.conf``, then rename the
    staging directory into place.
 
 ``verify`` checks that every file of ``rootfs.files`` is in the rootfs with its size and
 names the ones that are not.
+
+Reproducible: the same commit, package, engine and dependency versions give the same bundle
+digest from any checkout and any environment, at any path: nothing in ``config.json``, the
+rootfs or ``edge-bundle.json`` names the build host's checkout, environment, home or work
+directories (the build checks the rootfs for them and records what it found in ``host_paths``).
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,15 +48,15 @@ from pathlib import Path
 
 from edge.errors import PackageError
 from edge.launch import boot_argv
-from image.bundle import cdi, metrics, oci_config, seccomp
-from image.bundle.container_env import container_env, jemalloc_of
+from image.bundle import cdi, metrics, oci_config, seccomp, wheel
+from image.bundle.container_env import container_env, jemalloc_of, trace_env
 from image.cli_checks import abs_dir, positive_int, tcp_address, user_ids, writable_dir_problem
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
 from image.bundle.package_copy import copy_package, package_files, package_identity
 from image.bundle.progress import Progress, human_bytes, stop_signals
-from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, kept_roots, select_files, store_path, tmp_roots, \
-    tree_size
+from image.bundle.layout import PYTHON_HOME, SITE, Layout, host_private_roots, rewrite_host_paths
+from image.bundle.rootfs import PACKAGE_PATH, Rootfs, elf_machine, select_files, tree_size
 from image.bundle.limits import UNIT_DROPIN, resource_limits, unit_dropin
 from image.bundle.trace import TraceError, trace_boot
 
@@ -53,7 +65,7 @@ __all__ = ["build_bundle", "verify_bundle", "BundleError", "main", "METADATA_NAM
 
 BUNDLE_FORMAT = 1
 METADATA_NAME = "edge-bundle.json"
-FILES_NAME = "rootfs.files"  # one "path<TAB>size" line per traced file in the rootfs
+FILES_NAME = "rootfs.files"  # one "path<TAB>size" line per copied file, its path in the rootfs
 SOCKET_NAME = "edge.sock"
 DEFAULT_SOCKET_DIR = "/run/edge"
 DEFAULT_USER = (61000, 61000)  # uid, gid of the runtime; the host group of that gid reaches the socket
@@ -76,12 +88,60 @@ def check_arch(python: str, arch: str) -> str:
     return found
 
 
+def _site_dirs(python: str) -> list[str]:
+    """The site-packages of ``python``'s environment (its dependencies): without ``-S``, which would
+    not see a virtual environment."""
+    code = "import sysconfig; print('\\n'.join(dict.fromkeys(sysconfig.get_path(k) for k in ('purelib', 'platlib'))))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+    return [p for p in out.splitlines() if p and os.path.isdir(p)]
+
+
+def _device_wheel(work: Path, wheel_file: Path | None, allow_dirty: bool) -> wheel.DeviceWheel:
+    if wheel_file is not None:
+        return wheel.read_wheel(wheel_file)
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        return wheel.build_device_wheel(repo, work / "wheel", allow_dirty=allow_dirty)
+    except wheel.DirtyTree as exc:
+        raise BundleError(str(exc)) from None
+
+
+def _host_paths(rootfs: Rootfs, config: dict, private: list[str]) -> list[str]:
+    """Rootfs files (and config.json) that still name a build-host directory of ``private``.
+
+    A home directory is looked for as the paths of what it holds (``/root/.pyenv``): a bare
+    ``/root`` is in PyPI wheels built in manylinux containers (``/root/usr/lib/gcc/...``),
+    the same bytes on every build host."""
+    home = os.path.expanduser("~")
+    needles = []
+    for root in private:
+        if root == home and os.path.isdir(home):
+            needles += [os.path.join(home, n) for n in sorted(os.listdir(home))]
+        else:
+            needles.append(root)
+    text = json.dumps(config)
+    found = [f"config.json: {n}" for n in needles if n in text]
+    raw = [n.encode() for n in needles]
+    for path in rootfs.copied:
+        data = rootfs.inside(path).read_bytes()
+        found += [f"{path}: {n.decode()}" for n in raw if n in data]
+    return found
+
+
+def _in_container(summary: dict, layout: Layout) -> dict:
+    """The trace's summary with its paths as the container sees them (never the build host's)."""
+    for key in ("dlopened", "executed"):
+        summary[key] = sorted({layout.container_path(p) if os.path.isabs(p) else p for p in summary[key]})
+    return summary
+
+
 def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", python: str | None = None,
                  cdi_spec: Path | None = None, cdi_devices: list[str] | None = None,
                  socket_dir: str = DEFAULT_SOCKET_DIR, user: tuple[int, int] = DEFAULT_USER, metrics_dir: str | None = None,
                  arch: str | None = None, tcp: str | None = None, threads: int | None = None,
                  use_strace: str = "auto", force: bool = False, progress: Progress | None = None,
-                 state_dir: str = oci_config.STATE_DIR) -> dict:
+                 state_dir: str = oci_config.STATE_DIR, allow_dirty: bool = False,
+                 wheel_file: Path | None = None) -> dict:
     """Write the bundle to ``out``; returns the metadata written to ``edge-bundle.json``."""
     progress = progress or Progress(quiet=True)
     python = python or sys.executable
@@ -99,10 +159,6 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
     edits = cdi.select_edits(cdi.load_spec(cdi_spec), cdi_devices) if cdi_spec else None
     device = "auto" if edits else "cpu"
     jemalloc = jemalloc_of(python)
-    env = container_env(python, threads, device, jemalloc)
-    prometheus = metrics.prometheus_client_version(python, env)
-    if metrics_dir and prometheus is None:
-        raise BundleError(f"--metrics-dir needs prometheus_client in {python}'s environment (pip install 'edge[metrics]')")
     boot_args = ["--engine", engine]
     t0 = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -110,25 +166,45 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
     old = None  # a bundle --force replaces: moved aside, removed once the new one is in place
     try:
         with tempfile.TemporaryDirectory(prefix="edge-bundle-trace-") as work:
-            # The trace imports the runtime from this (the build) interpreter's view of the
-            # environment: the same venv the container will run.
+            work = Path(work)
+            device_wheel = _device_wheel(work, wheel_file, allow_dirty)
+            site = str(wheel.install_wheel(device_wheel.path, work / "site"))
+            progress.done(f"device wheel {device_wheel.path.name} of {device_wheel.commit[:12]}"
+                          f"{'-dirty' if device_wheel.dirty_sha256 else ''}, sha256 {device_wheel.sha256[:12]}")
+            site_dirs = [site, *_site_dirs(python)]
+            host_env = trace_env(python, site_dirs, threads, device, jemalloc)
+            prometheus = metrics.prometheus_client_version(python, host_env)
+            if metrics_dir and prometheus is None:
+                raise BundleError(f"--metrics-dir needs prometheus_client in {python}'s environment "
+                                  f"(pip install 'edge[metrics]')")
+            # The traced boot runs the wheel's code (first on the module path) with this
+            # environment's dependencies: what the container will run, at the build host's paths.
             trace = trace_boot(python, [*boot_args, "--package", str(package), *metrics.trace_args(work, prometheus)],
-                               Path(work), env, use_strace=use_strace, progress=progress)
-        progress.done(f"traced boot: READY after {trace.ready_s:.1f} s, {len(trace.module_files)} modules, "
-                      f"{len(trace.mapped)} mapped files")
-        refused = seccomp.check_traced(trace.syscalls)
-        if refused:
-            raise BundleError(f"the boot uses syscalls the seccomp profile refuses: {', '.join(refused)} "
-                              f"(add them to image/bundle/seccomp.py ALLOWED if they are safe)")
-        exclude = [str(package), *(cdi.mount_paths(edits) if edits else [])]
-        under_tmp = tmp_roots(trace)
-        files = select_files(trace, exclude, kept_roots(trace))
-        wrong = [(f, m) for f in files if (m := elf_machine(f)) is not None and m != arch]
-        if wrong:
-            raise BundleError(f"{len(wrong)} native file(s) are not {arch}, e.g. {wrong[0][0]} ({wrong[0][1]})")
-        rootfs = Rootfs(staging / "rootfs")
-        runtime_bytes = rootfs.copy_files(files, progress)
-        progress.done(f"copied {len(rootfs.copied)} runtime files, {human_bytes(runtime_bytes)}")
+                               work, host_env, use_strace=use_strace, progress=progress)
+            progress.done(f"traced boot: READY after {trace.ready_s:.1f} s, {len(trace.module_files)} modules, "
+                          f"{len(trace.mapped)} mapped files")
+            refused = seccomp.check_traced(trace.syscalls)
+            if refused:
+                raise BundleError(f"the boot uses syscalls the seccomp profile refuses: {', '.join(refused)} "
+                                  f"(add them to image/bundle/seccomp.py ALLOWED if they are safe)")
+            layout = Layout(trace.executable, trace.base_prefix, trace.version[:2], site_dirs)
+            exclude = [str(package), *(cdi.mount_paths(edits) if edits else [])]
+            files = select_files(trace, exclude, layout)
+            private = host_private_roots([str(work), *site_dirs, os.path.dirname(os.path.dirname(python))])
+            stray = [f for f in files if not layout.relocated(f) and any(f.startswith(r + "/") for r in private)]
+            if stray:
+                raise BundleError(f"the traced boot read {len(stray)} file(s) from the build host's checkout, "
+                                  f"environment or home that are not the runtime's, e.g. {stray[0]}: a bundle "
+                                  f"cannot name them")
+            wrong = [(f, m) for f in files if (m := elf_machine(f)) is not None and m != arch]
+            if wrong:
+                raise BundleError(f"{len(wrong)} native file(s) are not {arch}, e.g. {wrong[0][0]} ({wrong[0][1]})")
+            rootfs = Rootfs(staging / "rootfs")
+            runtime_bytes = rootfs.copy_files(files, layout, progress)
+            progress.done(f"copied {len(rootfs.copied)} runtime files, {human_bytes(runtime_bytes)}")
+            pairs = layout.replacements()
+            rewritten = sum(rewrite_host_paths(str(rootfs.inside(p)), pairs) for p in rootfs.copied)
+        env = container_env(layout, threads, device, jemalloc)
         package_bytes = copy_package(rootfs, package, carried, progress)
         progress.done(f"copied model package ({', '.join(carried)}), {human_bytes(package_bytes)}")
         for d in oci_config.MOUNTPOINTS:
@@ -136,30 +212,34 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
         # runc gives a tmpfs the mode of the directory it covers, whatever mode= says.
         os.chmod(rootfs.inside("/tmp"), 0o1777)
         progress.spin("compiling byte code")
-        rootfs.compile_bytecode(python, sorted({trace.prefix, trace.base_prefix, *(
-            os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}))
+        rootfs.compile_bytecode(python, [f"{PYTHON_HOME}/lib/python{trace.version[0]}.{trace.version[1]}", SITE])
         limits = resource_limits(package_bytes, runtime_bytes)
         config = oci_config.runtime_config(
-            args=[*boot_argv(trace.executable), *boot_args, "--package", PACKAGE_PATH,
+            args=[*boot_argv(layout.python), *boot_args, "--package", PACKAGE_PATH,
                   "--bind", tcp or f"ipc://{oci_config.CONTAINER_SOCKET_DIR}/{SOCKET_NAME}"],
             env=env, uid=user[0], gid=user[1], socket_dir_host=socket_dir, arch=arch,
             memory_bytes=limits["memory_bytes"], pids=limits["pids"], nofile=limits["nofile"],
-            share_host_network=bool(tcp), tmp_roots=under_tmp, state_dir_host=state_dir)
+            share_host_network=bool(tcp), state_dir_host=state_dir, code_commit=device_wheel.commit)
         oci_config.add_metrics_dir(config, metrics_dir)  # nothing without --metrics-dir
         deferred = cdi.merge(config, edits) if edits else []
         rootfs.make_mountpoints(config["mounts"])
         rootfs.write_etc(user[0], user[1], config["process"]["user"].get("additionalGids", []))
         has_ldcache = rootfs.ldconfig()
+        host_paths = _host_paths(rootfs, config, private)
+        if host_paths:
+            progress.done(f"warning: {len(host_paths)} file(s) still name a build-host directory, e.g. "
+                          f"{host_paths[0]}")
         progress.spin("computing the bundle digest")
         bundle_sha256 = bundle_digest(staging / "rootfs", config)
         config["process"]["env"].append(f"{DIGEST_ENV}={bundle_sha256}")  # replies' lineage names the bundle
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         # Sizes of the copies (a host file may change after it was copied: edits, byte-code rewrites).
-        (staging / FILES_NAME).write_text("".join(f"{f}\t{rootfs.inside(f).stat().st_size}\n" for f in rootfs.copied))
+        (staging / FILES_NAME).write_text("".join(f"{f}\t{rootfs.inside(f).stat().st_size}\n"
+                                                  for f in sorted(rootfs.copied)))
         progress.spin("measuring the source environment")
-        source_roots = sorted({trace.prefix, trace.base_prefix})
-        env_bytes, env_files = tree_size(*source_roots)
+        env_bytes, env_files = tree_size(*sorted({trace.prefix, trace.base_prefix}))
         bundle_bytes, bundle_files = tree_size(staging / "rootfs")
+        container_address = config["process"]["args"][-1]
         meta = {
             "format": BUNDLE_FORMAT,
             "bundle_sha256": bundle_sha256,
@@ -167,27 +247,30 @@ def build_bundle(out: Path, *, package: Path, engine: str = "onnxruntime", pytho
             "arch": arch,
             "engine": engine,
             "device": device,
-            "python": trace.executable,
+            "python": layout.python,
             "python_version": ".".join(map(str, trace.version)),
+            "edge": {"commit": device_wheel.commit, "dirty_sha256": device_wheel.dirty_sha256,
+                     "wheel": device_wheel.as_dict(), "site": SITE, "python_home": PYTHON_HOME},
             "user": {"uid": user[0], "gid": user[1]},
             "socket_dir": socket_dir,
             "address": tcp or f"ipc://{socket_dir}/{SOCKET_NAME}",
             "container_socket_dir": oci_config.CONTAINER_SOCKET_DIR, "state_dir": state_dir,
-            "container_address": config["process"]["args"][-1],
-            "health_probe": [trace.executable, "-m", "edge.cli", "health", "--connect", config["process"]["args"][-1]],
-            "package": {"path": PACKAGE_PATH, "source": str(package), "bytes": package_bytes,
+            "container_address": container_address,
+            "health_probe": ["python3", "-m", "edge.cli", "health", "--connect", container_address],
+            "package": {"path": PACKAGE_PATH, "source": package.name, "bytes": package_bytes,
                         "files": carried, "left_out": left_out, **package_identity(package)},
             "sizes": {
                 "rootfs_bytes": bundle_bytes, "rootfs_files": bundle_files,
                 "runtime_bytes": runtime_bytes, "runtime_files": len(rootfs.copied),
                 "package_bytes": package_bytes,
-                "source_env_bytes": env_bytes, "source_env_files": env_files, "source_env_roots": source_roots,
+                "source_env_bytes": env_bytes, "source_env_files": env_files,
                 "runtime_vs_source_env": round(runtime_bytes / env_bytes, 4) if env_bytes else None,
             },
-            "trace": trace.summary(),
+            "host_paths": {"rewritten": rewritten, "left": host_paths[:20]},
+            "trace": _in_container(trace.summary(), layout),
             "seccomp": {"allowed": len(seccomp.ALLOWED), "traced_syscalls": sorted(trace.syscalls)},
             "limits": {**limits, "unit_dropin": UNIT_DROPIN},
-            "jemalloc": jemalloc,
+            "jemalloc": env.get("LD_PRELOAD"),
             "ld_so_cache": has_ldcache, **metrics.metadata(prometheus, metrics_dir),
             "cdi": None if not edits else {
                 "spec": str(cdi_spec), "kind": edits.kind, "devices": edits.devices,
@@ -230,7 +313,7 @@ def verify_bundle(bundle: Path) -> list[str]:
     problems = []
     for line in (bundle / FILES_NAME).read_text().splitlines():
         path, size = line.rsplit("\t", 1)
-        inside = bundle / "rootfs" / store_path(path).lstrip("/")
+        inside = bundle / "rootfs" / path.lstrip("/")
         if not inside.exists():
             problems.append(f"missing: {path}")
         elif inside.stat().st_size != int(size):
@@ -335,7 +418,8 @@ def _build(args, progress: Progress) -> int:
     meta = build_bundle(args.out, package=package, engine=args.engine, python=args.python, cdi_spec=args.cdi,
                         cdi_devices=args.cdi_device, socket_dir=args.socket_dir, user=args.user, arch=args.arch,
                         tcp=args.tcp, threads=args.threads, use_strace=args.strace, force=args.force,
-                        progress=progress, metrics_dir=args.metrics_dir, state_dir=args.state_dir)
+                        progress=progress, metrics_dir=args.metrics_dir, state_dir=args.state_dir,
+                        allow_dirty=args.allow_dirty, wheel_file=args.wheel)
     print(json.dumps({k: meta[k] for k in ("address", "socket_dir", "arch", "engine", "sizes")}, indent=2))
     return 0
 
@@ -381,6 +465,12 @@ def main(argv: list[str] | None = None) -> int:
                         f"read by `edge trace --state-dir DIR` (default {oci_config.STATE_DIR}; docs/trace.md)")
     b.add_argument("--threads", type=positive_int("threads"), default=None, help="OMP_NUM_THREADS in the container")
     b.add_argument("--strace", choices=("auto", "on", "off"), default="auto", help="also trace syscalls (needs strace)")
+    b.add_argument("--allow-dirty", action="store_true",
+                   help="build from a tree whose edge/ or pyproject.toml differ from HEAD (the lineage's edge_commit "
+                        "then ends in -dirty, with a digest of the difference)")
+    b.add_argument("--wheel", type=Path, default=None, metavar="FILE",
+                   help="the device wheel to install (one `edge-bundle build` made, e.g. on the host for a build in "
+                        "an emulated root); default: built here from the commit")
     b.add_argument("--force", action="store_true", help="replace DIR if it exists")
     b.add_argument("--quiet", action="store_true")
     v = sub.add_parser("verify", help="check that every traced file is in DIR/rootfs", epilog=_EPILOG)

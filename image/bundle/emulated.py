@@ -32,6 +32,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -241,20 +242,25 @@ def build_in_root(root: Path, arch: str, build_args: list[str], say=lambda m: No
     args = [os.path.abspath(a) if i > 0 and build_args[i - 1] in ("--out", "--package") else a
             for i, a in enumerate(build_args)]
     env = {**_root_env(), "PYTHONDONTWRITEBYTECODE": "1", "QEMU_CPU": qemu_cpu}  # the trace passes it on
-    from edge.version import code_commit
-
-    commit = code_commit()
-    if commit:
-        env["EDGE_CODE_COMMIT"] = commit  # the root has no git
-    argv = [f"{VENV}/bin/python", "-m", "image.build_bundle", "build", *args, "--arch", arch, "--strace", "off"]
     record = json.loads((root / "opt" / "edge" / "root.json").read_text())
-    # One build at a time in a root: the .pth names the checkout this build binds at its own path,
-    # from which the root's interpreter imports edge and image (the root may serve several checkouts).
-    with open(root / "opt" / "edge" / ".build.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        (root / record["site"].lstrip("/") / "edge-checkout.pth").write_text(f"{REPO}\n")
-        say(f"edge-bundle build in the {arch} root (emulated, QEMU_CPU={qemu_cpu}): {' '.join(args)}")
-        return subprocess.run(_chroot(root, argv, binds=sorted(set(binds)), env=env, cwd=str(REPO))).returncode
+    # The device wheel is built here, from this checkout's commit (the root has no git), and
+    # handed in: the bundle runs that commit's code whatever the root imports its builder from.
+    from image.bundle.wheel import DirtyTree, build_device_wheel
+
+    with tempfile.TemporaryDirectory(prefix=".edge-wheel-", dir=out_parent) as wheel_dir:
+        try:
+            wheel = build_device_wheel(REPO, Path(wheel_dir), allow_dirty="--allow-dirty" in build_args)
+        except DirtyTree as exc:
+            raise EmulationError(str(exc)) from None
+        argv = [f"{VENV}/bin/python", "-m", "image.build_bundle", "build", *args, "--arch", arch, "--strace", "off",
+                "--wheel", str(wheel.path)]
+        # One build at a time in a root: the .pth names the checkout this build binds at its own path,
+        # from which the root's interpreter imports the builder (the root may serve several checkouts).
+        with open(root / "opt" / "edge" / ".build.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (root / record["site"].lstrip("/") / "edge-checkout.pth").write_text(f"{REPO}\n")
+            say(f"edge-bundle build in the {arch} root (emulated, QEMU_CPU={qemu_cpu}): {' '.join(args)}")
+            return subprocess.run(_chroot(root, argv, binds=sorted(set(binds)), env=env, cwd=str(REPO))).returncode
 
 
 def add_parser(sub, epilog: str) -> None:

@@ -106,18 +106,18 @@ def add_metrics_dir(config: dict, metrics_dir_host: str | None) -> None:
     config["process"]["env"].append(f"EDGE_METRICS_TEXTFILE={CONTAINER_METRICS_DIR}")
 
 
-def add_state_dir(config: dict, state_dir_host: str = STATE_DIR) -> None:
+def add_state_dir(config: dict, state_dir_host: str = STATE_DIR, code_commit: str | None = None) -> None:
     """Bind ``state_dir_host`` on :data:`STATE_DIR` (read-write: the root is read-only) as the
     runtime's state directory (``EDGE_STATE_DIR``: its request journal and kept rejected samples,
     docs/trace.md). By default the host directory is that same path, so ``edge trace`` on the host
     finds what the container wrote without ``--state-dir``.
-    ``EDGE_CODE_COMMIT``: the commit the runtime's code was built from, for the replies' lineage."""
-    from edge.version import code_commit
-
+    ``EDGE_CODE_COMMIT``: the commit the device wheel was built from (image/bundle/wheel.py), for
+    the replies' lineage; the wheel's edge/_build_info.json says the same."""
     config["mounts"].append({"destination": STATE_DIR, "type": "bind", "source": state_dir_host,
                              "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]})
     config["process"]["env"].append(f"EDGE_STATE_DIR={STATE_DIR}")
-    config["process"]["env"] += [f"EDGE_CODE_COMMIT={c}" for c in [code_commit()] if c]
+    if code_commit:
+        config["process"]["env"].append(f"EDGE_CODE_COMMIT={code_commit}")
 
 
 def host_dirs(config: dict) -> dict[str, str]:
@@ -127,18 +127,10 @@ def host_dirs(config: dict) -> dict[str, str]:
     return {keys[m["destination"]]: m["source"] for m in config.get("mounts", []) if m["destination"] in keys}
 
 
-def tmp_bind_mounts(roots: list[str]) -> list[dict]:
-    """Read-only binds of the rootfs copies of ``roots`` over the /tmp tmpfs (sources relative to the bundle)."""
-    from image.bundle.rootfs import store_path
-
-    return [{"destination": r, "type": "bind", "source": "rootfs" + store_path(r),
-             "options": ["rbind", "ro", "nosuid", "nodev"]} for r in roots]
-
-
 def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, socket_dir_host: str,
                    arch: str, memory_bytes: int, pids: int = PIDS_LIMIT, nofile: int = NOFILE,
-                   share_host_network: bool = False, hostname: str = "edge", tmp_roots: list[str] = (),
-                   state_dir_host: str = STATE_DIR) -> dict:
+                   share_host_network: bool = False, hostname: str = "edge",
+                   state_dir_host: str = STATE_DIR, code_commit: str | None = None) -> dict:
     """The config.json dict (before CDI edits are merged); ``memory_bytes`` from :func:`memory_limit`."""
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount", "cgroup")]  # cgroup: sees only its own
     if not share_host_network:
@@ -159,7 +151,7 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": hostname,
-        "mounts": _mounts(socket_dir_host) + tmp_bind_mounts(list(tmp_roots)),
+        "mounts": _mounts(socket_dir_host),
         "linux": {
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],
@@ -175,5 +167,5 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
         },
         "annotations": {"org.opencontainers.image.title": "edge", "com.edge.bundle": "1"},
     }
-    add_state_dir(config, state_dir_host)  # every bundle: its request journal outlives the container
+    add_state_dir(config, state_dir_host, code_commit)  # every bundle: its request journal outlives the container
     return config

@@ -12,9 +12,8 @@ Reproducible: the same bundles give the same bytes, hence the same digests.
 
 * the layer is written here with :mod:`tarfile` (PAX format): entries in sorted path order,
   the rootfs's numeric owners with empty user and group names, its modes, and every mtime set
-  to ``SOURCE_DATE_EPOCH`` (default 0), except Python sources, which keep theirs: their
-  ``.pyc`` files record it, and with a read-only root a mismatch would compile again on every
-  boot. Hard links are stored as regular files (a traced rootfs shares inodes with its source);
+  to ``SOURCE_DATE_EPOCH`` (default 0): the rootfs's byte code is ``unchecked-hash``, so no
+  source time matters. Hard links are stored as regular files;
 * gzip with ``mtime=0``, no file name, level :data:`GZIP_LEVEL` (the same zlib gives the same
   bytes);
 * ``created`` is ``SOURCE_DATE_EPOCH`` (default 0), JSON is written with sorted keys.
@@ -101,7 +100,7 @@ def _tarinfo(rootfs: Path, rel: str, epoch: int) -> tuple[tarfile.TarInfo, Path 
     info = tarfile.TarInfo(rel)
     info.mode, info.uid, info.gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
     info.uname = info.gname = ""
-    info.mtime = int(st.st_mtime) if rel.endswith(".py") and stat.S_ISREG(st.st_mode) else epoch
+    info.mtime = epoch  # the rootfs's byte code is unchecked-hash (image/bundle/rootfs.py): no source time matters
     if stat.S_ISLNK(st.st_mode):
         info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
         return info, None

@@ -1,11 +1,12 @@
-"""Lay out the container's root: the traced files at their host paths, the model package, /etc.
+"""Lay out the container's root: the traced files, the model package, /etc.
 
-The rootfs mirrors the host's paths, so the interpreter finds its prefix, the venv its
-``pyvenv.cfg`` and the dynamic loader its libraries exactly where the trace saw them.
-Symlinks on the way to a file (``/lib -> usr/lib``, ``.venv/bin/python -> .../python3.11``,
-``libfoo.so.1 -> libfoo.so.1.2``) are recreated as symlinks; directories are created
-real and 0755, never traversed through a link, so an absolute link can never point a
-copy at the build host's own tree.
+The runtime's own files (the interpreter, its standard library, the device wheel's install and
+the environment's site-packages) go to the fixed paths of image/bundle/layout.py, whatever the
+build host's paths were; everything else the boot touched (system libraries, the dynamic
+loader) keeps its host path, which is a distribution's path on any build host. Symlinks on the
+way to a kept file (``/lib -> usr/lib``, ``libfoo.so.1 -> libfoo.so.1.2``) are recreated as
+symlinks; directories are created real and 0755, never traversed through a link, so an
+absolute link can never point a copy at the build host's own tree.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 from edge.elf import ELF_MACHINES, elf_machine  # re-exported: the builder checks its interpreter with it
+from image.bundle.layout import Layout, python_links
 from image.bundle.trace import Trace
 
 __all__ = ["Rootfs", "select_files", "elf_machine", "ELF_MACHINES", "tree_size", "PACKAGE_PATH"]
@@ -80,15 +82,16 @@ def _under(path: str, prefixes) -> bool:
 
 
 def _startup_files(trace: Trace) -> set[str]:
-    """What the interpreter reads before any hook can run: its symlink chain and prefix landmarks.
+    """What the interpreter reads before any hook can run: its real file and its prefix's landmark.
 
     No ``.pth`` files: the runtime starts with ``-S`` (edge/launch.py), and one copied
     without the module it imports (an editable install's finder) would break every
-    other interpreter started in the container, ``runc exec python`` included.
+    other interpreter started in the container, ``runc exec python`` included. No
+    ``pyvenv.cfg``: the container names its prefix with ``PYTHONHOME``.
     """
     major, minor = trace.version[:2]
     stdlib = os.path.join(trace.base_prefix, "lib", f"python{major}.{minor}")
-    return {trace.executable, os.path.join(trace.prefix, "pyvenv.cfg"), os.path.join(stdlib, "os.py")}
+    return {os.path.realpath(trace.executable), os.path.join(stdlib, "os.py")}
 
 
 # Packages copied whole: their modules are imported lazily, after READY (prometheus_client: by the
@@ -115,35 +118,13 @@ def _programs(trace: Trace) -> set[str]:
     return found
 
 
-def env_roots(trace: Trace, prefixes: list[str]) -> list[str]:
-    """The environment's and the edge package's directories that lie under ``prefixes`` (outermost only)."""
-    roots = {trace.prefix, trace.base_prefix, *(
-        os.path.dirname(os.path.dirname(f)) for f in trace.module_files.get("edge", [])[:1])}
-    under = sorted(os.path.normpath(r) for r in roots if _under(os.path.normpath(r), prefixes))
-    return [r for r in under if not any(r != o and _under(r, [o]) for o in under)]
-
-
-def tmp_roots(trace: Trace) -> list[str]:
-    """The environment's and the edge package's directories that lie under /tmp (outermost only).
-
-    The container mounts a tmpfs on /tmp, which would hide them; the bundle
-    copies them all the same and bind-mounts them back, read-only, over the
-    tmpfs (see ``oci_config.tmp_bind_mounts``). A CI checkout in /tmp needs it.
-    """
-    return env_roots(trace, ["/tmp"])
-
-
-def kept_roots(trace: Trace) -> list[str]:
-    """The environment's directories under the temporary trees ALWAYS_EXCLUDED leaves out (/tmp,
-    /var/tmp): copied all the same, since the runtime runs from them (a checkout in /var/tmp needs
-    no bind: the container mounts nothing there)."""
-    return env_roots(trace, ["/tmp", "/var/tmp"])
-
-
-def select_files(trace: Trace, exclude: list[str], keep_roots: list[str] = ()) -> list[str]:
+def select_files(trace: Trace, exclude: list[str], layout: Layout) -> list[str]:
     """Regular files (or links to them) to copy: the trace, the startup files, :data:`WHOLE_PACKAGES`.
 
-    ``keep_roots``: directories under an excluded prefix (/tmp) to copy anyway.
+    The runtime's own files (``layout`` moves them to fixed paths) are kept wherever they lie,
+    /tmp included; the others are left out under :data:`ALWAYS_EXCLUDED`. Never byte code (the
+    host's records its own paths and times; the rootfs's is compiled in place,
+    :meth:`Rootfs.compile_bytecode`) nor a ``pyvenv.cfg`` (the container names its prefix).
     """
     wanted = trace.all_paths() | _startup_files(trace) | _programs(trace)
     wanted |= {f for name in WHOLE_PACKAGES for f in _package_files(trace, name)}
@@ -152,8 +133,11 @@ def select_files(trace: Trace, exclude: list[str], keep_roots: list[str] = ()) -
     keep = []
     for path in wanted:
         path = os.path.normpath(path)
-        masked = _under(path + "/", ALWAYS_EXCLUDED) and not _under(path, keep_roots)
-        if masked or path in HOST_IDENTITY or _under(path, exclude):
+        if path.endswith((".pyc", ".pyo")) or "/__pycache__/" in path or os.path.basename(path) == "pyvenv.cfg":
+            continue
+        if _under(path, exclude):
+            continue
+        if not layout.relocated(path) and (_under(path + "/", ALWAYS_EXCLUDED) or path in HOST_IDENTITY):
             continue
         if os.path.isfile(path):  # follows links: the link is recreated, the file copied
             keep.append(path)
@@ -178,31 +162,20 @@ def tree_size(*roots: str | os.PathLike) -> tuple[int, int]:
     return total, count
 
 
-# Where files whose host path lies under /tmp are stored in the rootfs. Not
-# under rootfs/tmp itself: runc mounts the tmpfs there first, which would hide
-# the bind source. oci_config binds <STORE>/tmp/X back onto /tmp/X.
-UNDER_TMP_STORE = "/opt/edge/under-tmp"
-
-
-def store_path(path: str) -> str:
-    """Where container path ``path`` is stored inside the rootfs directory."""
-    return UNDER_TMP_STORE + path if _under(path, ["/tmp"]) and path.rstrip("/") != "/tmp" else path
-
-
 class Rootfs:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
-        self.copied: list[str] = []  # host paths of the regular files copied
+        self.copied: list[str] = []  # rootfs paths (container view) of the regular files copied
 
     def inside(self, path: str) -> Path:
-        return self.root / store_path(path).lstrip("/")
+        return self.root / path.lstrip("/")
 
     def mkdir(self, path: str) -> None:
         """Create ``path`` (absolute, container view) as real 0755 directories."""
         cur = self.root
-        for part in Path(store_path(path)).parts[1:]:
+        for part in Path(path).parts[1:]:
             cur = cur / part
             if cur.is_symlink():
                 raise RuntimeError(f"{cur} is a symlink; refusing to create directories through it")
@@ -235,10 +208,29 @@ class Rootfs:
         if dest.exists():
             return
         self.mkdir(os.path.dirname(cur))
-        shutil.copy2(cur, dest)  # keeps mtimes: the copied .pyc files stay valid for their sources
-        mode = os.stat(dest).st_mode
-        os.chmod(dest, stat.S_IMODE(mode) | 0o444 | (0o111 if mode & 0o111 else 0))
-        self.copied.append(cur)
+        self._copy(cur, dest, cur)
+
+    def place(self, host: str, path: str) -> None:
+        """Copy host file ``host`` (its links followed) to rootfs path ``path``."""
+        dest = self.inside(path)
+        if dest.exists():
+            return
+        self.mkdir(os.path.dirname(path))
+        self._copy(os.path.realpath(host), dest, path)
+
+    def _copy(self, src: str, dest: Path, path: str) -> None:
+        shutil.copyfile(src, dest)  # content and mode only: no host time or owner comes along
+        mode = os.stat(src).st_mode
+        os.chmod(dest, stat.S_IMODE(mode) & 0o755 | 0o444 | (0o111 if mode & 0o111 else 0))
+        self.copied.append(path)
+
+    def link(self, path: str, target: str) -> None:
+        """A symlink at rootfs path ``path`` to ``target`` (as written)."""
+        dest = self.inside(path)
+        if os.path.lexists(dest):
+            return
+        self.mkdir(os.path.dirname(path))
+        os.symlink(target, dest)
 
     def make_mountpoints(self, mounts: list[dict]) -> None:
         """A directory, or an empty file for a bind mount of a file, at every mount destination.
@@ -255,41 +247,47 @@ class Rootfs:
             if not is_dir and not self.inside(dest).exists():
                 self.inside(dest).touch()
 
-    def copy_files(self, paths: list[str], progress=None, step: str = "copying runtime files") -> int:
+    def copy_files(self, paths: list[str], layout: Layout, progress=None, step: str = "copying runtime files") -> int:
+        """Copy the host files ``paths``: the runtime's to their fixed paths (``layout``), the rest
+        to their host paths; then the links to the interpreter. Returns the bytes copied."""
         nbytes = 0
         for i, path in enumerate(paths, 1):
             before = len(self.copied)
-            self.materialize(path)  # a second name of a file already copied adds nothing
-            nbytes += sum(os.path.getsize(p) for p in self.copied[before:])
+            if layout.relocated(path):
+                self.place(path, layout.container_path(path))
+            else:
+                self.materialize(path)  # a second name of a file already copied adds nothing
+            nbytes += sum(self.inside(p).stat().st_size for p in self.copied[before:])
             if progress:
                 progress.count(step, i, len(paths), nbytes)
+        for link, target in python_links(layout.python).items():
+            self.link(link, target)
         return nbytes
 
     def write_etc(self, uid: int, gid: int, extra_gids: list[int]) -> None:
         """Minimal passwd/group: the runtime's user resolves to a name, nothing else exists."""
         self.mkdir("/etc")
         (self.inside("/etc/passwd")).write_text(
-            f"root:x:0:0:root:/root:/usr/sbin/nologin\nedge:x:{uid}:{gid}:edge runtime:/tmp:/usr/sbin/nologin\n")
+            f"root:x:0:0:root:/:/usr/sbin/nologin\nedge:x:{uid}:{gid}:edge runtime:/tmp:/usr/sbin/nologin\n")
         groups = ["root:x:0:", f"edge:x:{gid}:"] + [f"gpu{g}:x:{g}:edge" for g in extra_gids if g not in (0, gid)]
         (self.inside("/etc/group")).write_text("\n".join(groups) + "\n")
 
     def compile_bytecode(self, python: str, prefixes: list[str]) -> None:
-        """Write the .pyc of every copied source that has none, as the target interpreter would.
+        """Write the .pyc of every copied source, as the target interpreter would.
 
-        The root is read-only and PYTHONDONTWRITEBYTECODE is set, so a missing .pyc would
-        be compiled again on every boot. ``-s/-p`` make the recorded source path the
-        container path, not the build directory.
+        The root is read-only and PYTHONDONTWRITEBYTECODE is set, so a missing .pyc would be
+        compiled again on every boot. ``-s/-p`` make the recorded source path the container
+        path, not the build directory; ``unchecked-hash`` records no source time (the rootfs
+        keeps no host times) and has the interpreter trust the read-only root's byte code.
         """
-        for relocated in (False, True):
-            dirs = [str(self.inside(p)) for p in prefixes
-                    if self.inside(p).is_dir() and (store_path(p) != p) == relocated]
-            if not dirs:
-                continue
-            strip = self.root / UNDER_TMP_STORE.lstrip("/") if relocated else self.root
-            cmd = [python, "-m", "compileall", "-q", "-j", "0", "-s", str(strip), "-p", "/", *dirs]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"compileall failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        dirs = [str(self.inside(p)) for p in prefixes if self.inside(p).is_dir()]
+        if not dirs:
+            return
+        cmd = [python, "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash",
+               "-s", str(self.root), "-p", "/", *dirs]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"compileall failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
 
     def ldconfig(self) -> bool:
         """A loader cache of this root's libraries, when the build host has ldconfig."""

@@ -92,7 +92,10 @@ def runnable_bundle(bundle: Path, workdir: Path) -> Path:
 
 
 def bundle_key(package: Path) -> str:
-    h = hashlib.sha256(f"{package.resolve()};{sys.executable};{sys.version}".encode())
+    from edge.version import git_commit
+
+    # The commit too: the bundle's lineage names it (image/bundle/wheel.py), whatever the files.
+    h = hashlib.sha256(f"{package.resolve()};{sys.executable};{sys.version};{git_commit(str(REPO))}".encode())
     for pattern in _CODE:
         for p in sorted(REPO.glob(pattern)):
             h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes())

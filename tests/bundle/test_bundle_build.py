@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from image.bundle.rootfs import store_path
 
 from bundle_support import FIXTURES, GID, REPO, UID, bundle_meta
 from image.bundle import cdi, oci_config, seccomp
+from image.bundle.layout import PYTHON_HOME, SITE
 from image.bundle.rootfs import Rootfs, elf_machine
 
 ORIN = FIXTURES / "cdi-orin.yaml"
@@ -48,7 +48,8 @@ def test_config_is_locked_down(ort_bundle):
     assert env["HOME"] == "/tmp" and env["PYTHONDONTWRITEBYTECODE"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
     assert "LD_PRELOAD" not in env or "jemalloc" in env["LD_PRELOAD"]
     assert p["args"][1:5] == ["-S", "-m", "edge.boot", "--engine"] and p["args"][-1] == "ipc:///run/edge/edge.sock"
-    assert env["PYTHONPATH"].split(":")[0] == str(REPO.resolve())  # the runtime starts without site
+    # The runtime starts without site, from fixed paths (image/bundle/layout.py), never the build host's.
+    assert env["PYTHONPATH"] == SITE and env["PYTHONHOME"] == PYTHON_HOME and p["args"][0].startswith(PYTHON_HOME)
     mounts = {m["destination"]: m for m in c["mounts"]}
     assert mounts["/tmp"]["type"] == "tmpfs" and "noexec" in mounts["/tmp"]["options"]
     meta = bundle_meta(ort_bundle)
@@ -130,11 +131,9 @@ def test_metadata_tells_clients_where_to_connect(ort_bundle, minilm_package):
         (minilm_package / "manifest.json").read_bytes()
     s = meta["sizes"]
     assert 0 < s["runtime_bytes"] < s["source_env_bytes"] and s["runtime_files"] < s["source_env_files"]
-    # The trace runs under -S, where site never sets sys.prefix: the environment is still found.
-    assert os.path.realpath(sys.prefix) in {os.path.realpath(r) for r in s["source_env_roots"]}
-    if sys.prefix != sys.base_prefix:  # a virtual environment: its pyvenv.cfg goes into the rootfs
-        assert (ort_bundle / "rootfs" / os.path.relpath(os.path.join(sys.prefix, "pyvenv.cfg"), "/")).exists() \
-            or any((ort_bundle / "rootfs").glob("opt/edge/under-tmp/**/pyvenv.cfg"))
+    # The container names its prefix (PYTHONHOME): no pyvenv.cfg, and nothing at the venv's path.
+    assert not list((ort_bundle / "rootfs").rglob("pyvenv.cfg"))
+    assert not (ort_bundle / "rootfs" / sys.prefix.lstrip("/")).exists()
 
 
 def test_rootfs_holds_the_traced_runtime_and_nothing_else(ort_bundle):
@@ -142,22 +141,21 @@ def test_rootfs_holds_the_traced_runtime_and_nothing_else(ort_bundle):
 
     meta = bundle_meta(ort_bundle)
     root = ort_bundle / "rootfs"
-    site = Path(next(p for p in (ort_bundle / "rootfs.files").read_text().split() if "site-packages" in p).split(
-        "site-packages")[0] + "site-packages")
-    present = {p.name for p in (root / store_path(str(site)).lstrip("/")).iterdir()}
-    for needed in ("zmq", "numpy", "msgpack", "flatbuffers", "onnxruntime"):
+    site = Path(SITE)  # image/bundle/layout.py: the device wheel's install and the dependencies
+    present = {p.name for p in (root / str(site).lstrip("/")).iterdir()}
+    for needed in ("edge", "zmq", "numpy", "msgpack", "flatbuffers", "onnxruntime"):
         assert needed in present, needed
     for unneeded in ("torch", "sentence_transformers", "transformers", "pytest", "onnx", "pip", "tokenizers",
                      "pydantic"):
         assert unneeded not in present, unneeded
-    ort_dir = root / store_path(str(site)).lstrip("/") / "onnxruntime" / "capi"
+    ort_dir = root / str(site).lstrip("/") / "onnxruntime" / "capi"
     assert any(p.name.startswith("libonnxruntime.so") for p in ort_dir.iterdir())  # via ctypes, seen in maps
     assert not list(ort_dir.glob("onnxruntime_pybind11_state*"))  # the Python binding is never imported
     assert (root / "lib64" / "ld-linux-x86-64.so.2").is_symlink() or os.uname().machine != "x86_64"
     assert meta["trace"]["modules"] > 100 and meta["trace"]["mapped_files"] > 10
     assert verify_bundle(ort_bundle) == []
     # Every traced library is of the target architecture.
-    machines = {elf_machine(str(root / store_path(line.split("\t")[0]).lstrip("/")))
+    machines = {elf_machine(str(root / line.split("\t")[0].lstrip("/")))
                 for line in (ort_bundle / "rootfs.files").read_text().splitlines()}
     assert machines - {None} == {meta["arch"]}
 

@@ -16,7 +16,7 @@ import pytest
 
 from edge.ipc.client import EdgeClient
 from image.bundle import metrics, oci_config
-from image.bundle.rootfs import store_path
+from image.bundle.layout import PYTHON_HOME, SITE
 
 from bundle_support import GID, REPO, UID, bundle_meta, private_bundle, runc_or_skip, start_container
 
@@ -96,11 +96,13 @@ def test_rootfs_carries_prometheus_client_and_what_it_imports(ort_bundle):
     assert meta["metrics_dir"] is None
     rootfs = ort_bundle / "rootfs"
     pkg = Path(prometheus_client.__file__).parent
+    site = rootfs / SITE.lstrip("/") / "prometheus_client"  # image/bundle/layout.py: the fixed site directory
     for f in pkg.rglob("*.py"):  # wholesale, like the edge package: lazily imported modules too
-        assert (rootfs / store_path(str(f)).lstrip("/")).is_file(), f
+        assert (site / f.relative_to(pkg)).is_file(), f
     import http.server  # the standard library prometheus_client imports, seen by the trace's textfile
 
-    assert (rootfs / store_path(http.server.__file__).lstrip("/")).is_file()
+    stdlib = rootfs / PYTHON_HOME.lstrip("/") / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    assert (stdlib / "http" / "server.py").is_file()
     assert (rootfs / oci_config.CONTAINER_METRICS_DIR.lstrip("/")).is_dir()
 
 

@@ -79,7 +79,7 @@ def cached_arm64_bundle(package: Path):
     def build(out: Path, socket_dir: Path, state_dir: Path) -> None:
         make_root(ARM64_ROOT, "aarch64", "onnxruntime", say=say)
         rc = build_in_root(ARM64_ROOT, "aarch64", [
-            "--out", str(out), "--package", str(package), "--engine", "onnxruntime", "--force", "--quiet",
+            "--out", str(out), "--package", str(package), "--engine", "onnxruntime", "--force", "--quiet", "--allow-dirty",
             "--socket-dir", str(socket_dir), "--user", f"{UID}:{GID}", "--state-dir", str(state_dir)], say=say)
         assert rc == 0, f"edge-bundle emulated: exit {rc}"
 
