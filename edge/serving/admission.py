@@ -6,7 +6,13 @@ Two bounds, checked in two places:
   tokenized (``max_pending_text_bytes``), so a flood of large requests is refused at once,
   before any tokenizing, and the memory they hold stays bounded;
 * after tokenizing, in the tokenizer stage (:meth:`Admission.admit`): texts and padded tokens
-  admitted and not yet answered (``max_queue_requests``, ``max_queue_tokens``).
+  admitted and not yet answered (``max_queue_requests``, ``max_queue_tokens``), in all and per
+  connection. One connection may hold at most its *share*, an eighth of each bound
+  (:data:`CONNECTION_SHARE`) but never less than one request of the most texts of the largest
+  bucket, so a flood is answered OVERLOADED on its own connection while 7 connections at their
+  share still leave an eighth of the queue to everyone else (a single connection of a small
+  queue can still fill it). The share of texts is checked again before tokenizing
+  (:meth:`Admission.fill`), so a flood that resends at once costs no tokenizer time.
 
 Texts are tokenized with the model's maximum as the limit (the tokenizer stops there), so the
 bucket of each is known and a text over the maximum is truncated or refused. The I/O thread
@@ -22,9 +28,13 @@ import numpy as np
 
 from edge.errors import ErrorCode, FlowError, InternalError, RequestError
 from edge.serving.request import Request
+from edge.serving.scheduler import connection_of
 from edge.serving.shapes import BatchShapes
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "CONNECTION_SHARE", "REQUEST_MAX_TEXTS"]
+
+CONNECTION_SHARE = 8  # one connection holds at most 1/8 of the queue bounds (texts, padded tokens)
+REQUEST_MAX_TEXTS = 64  # the most texts of one infer request (edge.ipc.protocol.Limits.max_texts; a test pins it)
 
 
 class Admission:
@@ -36,11 +46,15 @@ class Admission:
         self.max_texts = settings.max_queue_requests  # queue bound (texts)
         self.max_queue_tokens = settings.max_queue_tokens  # queue bound (padded tokens)
         self.max_pending_bytes = settings.max_pending_text_bytes  # tokenizer backlog bound (UTF-8 bytes)
+        # A connection's share (texts, padded tokens): 128 and 32768 with the default bounds.
+        self.share_texts = max(self.max_texts // CONNECTION_SHARE, REQUEST_MAX_TEXTS)
+        self.share_tokens = max(self.max_queue_tokens // CONNECTION_SHARE, REQUEST_MAX_TEXTS * shapes.buckets[-1])
         self.specials = getattr(tokenizer, "num_special_tokens", 0)  # ids a text gets whatever it holds
         self._lock = threading.Lock()
         self.texts = 0  # texts admitted, not yet answered
         self.queued_tokens = 0  # their padded tokens
         self.pending_bytes = 0  # bytes of texts received, not yet tokenized
+        self._held: dict = {}  # connection -> [texts, padded tokens] admitted, not yet answered
 
     # ------------------------------------------------------------ I/O thread, on arrival
 
@@ -61,7 +75,14 @@ class Admission:
         return request
 
     def fill(self, request: Request, texts: list[str]) -> None:
-        """Tokenize ``texts`` into ``request``; raises the request's error (TOO_MANY_TOKENS, EMPTY_TEXT)."""
+        """Tokenize ``texts`` into ``request``; raises the request's error (TOO_MANY_TOKENS, EMPTY_TEXT),
+        or OVERLOADED, before any tokenizing, when its connection's share of texts is already full."""
+        conn = connection_of(request)
+        if conn is not None:
+            with self._lock:
+                texts_held, tokens_held = self._held.get(conn, (0, 0))
+            if texts_held + len(texts) > self.share_texts or tokens_held >= self.share_tokens:
+                raise self._over_share(texts_held, tokens_held)
         ids, buckets, truncated = [], [], []
         for i, text in enumerate(texts):
             enc = self.tokenizer.encode(text, max_length=self.max_text_tokens)
@@ -87,13 +108,26 @@ class Admission:
             if request.released:
                 return False
             n = request.texts
+            conn = connection_of(request)
+            held = self._held.get(conn, [0, 0]) if conn is not None else None
+            if held is not None and (held[0] + n > self.share_texts or held[1] + request.cost > self.share_tokens):
+                raise self._over_share(*held)
             if self.texts + n > self.max_texts or self.queued_tokens + request.cost > self.max_queue_tokens:
                 raise FlowError(f"queue full ({self.texts} texts, {self.queued_tokens} tokens queued); retry later",
                                 ErrorCode.OVERLOADED)
             self.texts += n
             self.queued_tokens += request.cost
+            if held is not None:
+                held[0] += n
+                held[1] += request.cost
+                self._held[conn] = held
             request.admitted = True
             return True
+
+    def _over_share(self, texts: int, tokens: int) -> FlowError:
+        return FlowError(f"this connection's share of the queue is full ({texts} texts, {tokens} tokens queued; "
+                         f"share {self.share_texts} texts, {self.share_tokens} tokens); retry after its replies",
+                         ErrorCode.OVERLOADED)
 
     def unreserve(self, text_bytes: int) -> None:
         """The request's texts are tokenized (or refused): they leave the backlog."""
@@ -110,6 +144,13 @@ class Admission:
                 request.admitted = False
                 self.texts -= request.texts
                 self.queued_tokens -= request.cost
+                conn = connection_of(request)
+                held = self._held.get(conn) if conn is not None else None
+                if held is not None:
+                    held[0] -= request.texts
+                    held[1] -= request.cost
+                    if held[0] <= 0:
+                        del self._held[conn]
 
     def info(self) -> dict:
         """Counts for the ``queue`` block of health and stats (``edge.ipc.protocol.QueueInfo``)."""

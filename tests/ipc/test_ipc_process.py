@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from edge.ipc import protocol as P
+from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
 from ipc_fakes import FakeTokenizer, expected_embedding
 
@@ -217,7 +218,8 @@ def test_sigterm_drains_every_request_then_exits():
                 assert r.body["request_id"] not in got
                 got[r.body["request_id"]] = r
             assert sorted(got) == list(range(n + 5))
-            assert all(got[i].type == "infer" or got[i].body["code"] == 2003 for i in got)
+            # OVERLOADED: one connection may hold only its share of the queue (docs/protocol.md, Scheduling)
+            assert all(got[i].type == "infer" or got[i].body["code"] in (2003, ErrorCode.OVERLOADED) for i in got)
             assert any(got[i].type == "infer" for i in range(n))
             assert got[n + 4].body["code"] == 2003  # sent after SIGTERM: SHUTTING_DOWN
         assert proc.proc.wait(15) == 0
