@@ -94,6 +94,10 @@ def _startup_files(trace: Trace) -> set[str]:
     return {os.path.realpath(trace.executable), os.path.join(stdlib, "os.py")}
 
 
+# Files the runtime reads after READY, when the trace may or may not have seen it happen (the
+# telemetry sampler's first look at the OS): always copied, so that two builds do not differ by a race.
+LATE_READS = ("/etc/os-release",)
+
 # Packages copied whole: their modules are imported lazily, after READY (prometheus_client: by the
 # metrics publisher, image/bundle/metrics.py), so the trace may not see them all.
 WHOLE_PACKAGES = ("edge", "prometheus_client")
@@ -126,7 +130,7 @@ def select_files(trace: Trace, exclude: list[str], layout: Layout) -> list[str]:
     host's records its own paths and times; the rootfs's is compiled in place,
     :meth:`Rootfs.compile_bytecode`) nor a ``pyvenv.cfg`` (the container names its prefix).
     """
-    wanted = trace.all_paths() | _startup_files(trace) | _programs(trace)
+    wanted = trace.all_paths() | _startup_files(trace) | _programs(trace) | set(LATE_READS)
     wanted |= {f for name in WHOLE_PACKAGES for f in _package_files(trace, name)}
     wanted |= {i for f in list(wanted) if (i := elf_interpreter(f))}
     wanted |= _sibling_links(wanted)
@@ -141,7 +145,23 @@ def select_files(trace: Trace, exclude: list[str], layout: Layout) -> list[str]:
             continue
         if os.path.isfile(path):  # follows links: the link is recreated, the file copied
             keep.append(path)
-    return sorted(keep)
+    return sorted(set(keep) | _package_inits(keep, layout))
+
+
+def _package_inits(files: list[str], layout: Layout) -> set[str]:
+    """The ``__init__.py`` of every package directory above the runtime's files. Whether the trace
+    sees one depends on how a module was found (``find_spec`` of ``onnxruntime`` stats it, and
+    only a tracer of syscalls sees a stat), so it is added always: without it a package is a
+    namespace package in the container, and the rootfs would differ between build hosts."""
+    inits = set()
+    for f in files:
+        if not layout.relocated(f):
+            continue
+        d = os.path.dirname(f)
+        while (init := os.path.join(d, "__init__.py")) and os.path.isfile(init):
+            inits.add(init)
+            d = os.path.dirname(d)
+    return inits
 
 
 def tree_size(*roots: str | os.PathLike) -> tuple[int, int]:

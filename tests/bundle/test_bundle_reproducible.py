@@ -17,7 +17,9 @@ import pytest
 
 from bundle_support import REPO
 
-RUNTIME_DISTS = ["numpy", "pyzmq", "flatbuffers", "msgpack", "onnxruntime"]  # what an onnxruntime bundle runs
+# What an onnxruntime bundle runs: the runtime's dependencies, its engine, and prometheus_client, which
+# a bundle carries whole when the environment has it (image/bundle/metrics.py)
+RUNTIME_DISTS = ["numpy", "pyzmq", "flatbuffers", "msgpack", "onnxruntime", "prometheus-client"]
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -69,6 +71,22 @@ def _build(checkout: Path, python: str, package: Path, out: Path) -> dict:
     return meta
 
 
+def _differences(one: Path, two: Path) -> list[str]:
+    """What differs between two bundles' rootfs and config.json (the failure's message)."""
+    import hashlib
+
+    def listing(b: Path) -> dict[str, str]:
+        out = {"config.json": hashlib.sha256((b / "config.json").read_bytes()).hexdigest()}
+        for p in (b / "rootfs").rglob("*"):
+            rel = str(p.relative_to(b))
+            out[rel] = os.readlink(p) if p.is_symlink() else (
+                hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+        return out
+
+    a, b = listing(one), listing(two)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))[:40]
+
+
 def _named(bundle: Path, needles: list[str]) -> list[str]:
     """Files of ``bundle`` (config.json, edge-bundle.json, rootfs.files, the rootfs) holding a needle."""
     found = []
@@ -100,7 +118,8 @@ def test_two_checkouts_two_venvs_two_paths_one_digest(minilm_package, tmp_path, 
         two = _build(b, python_b, minilm_package, Path(other) / "out" / "bundle")
         commit = _git(a, "rev-parse", "HEAD")
         assert one["edge"]["commit"] == two["edge"]["commit"] == commit  # clean trees: exact lineage
-        assert one["bundle_sha256"] == two["bundle_sha256"], (one["bundle_sha256"], two["bundle_sha256"])
+        assert one["bundle_sha256"] == two["bundle_sha256"], _differences(tmp_path / "out" / "bundle",
+                                                                          Path(other) / "out" / "bundle")
         assert one["image_index"] == two["image_index"]  # the same manifest digests
         needles = [str(a), str(b), sys.prefix, str(venv_b), str(REPO), other, str(tmp_path), *_home_paths()]
         for bundle in (tmp_path / "out" / "bundle", Path(other) / "out" / "bundle"):
