@@ -94,9 +94,11 @@ def _startup_files(trace: Trace) -> set[str]:
     return {os.path.realpath(trace.executable), os.path.join(stdlib, "os.py")}
 
 
-# Files the runtime reads after READY, when the trace may or may not have seen it happen (the
-# telemetry sampler's first look at the OS): always copied, so that two builds do not differ by a race.
-LATE_READS = ("/etc/os-release",)
+# Files the runtime may read after READY, when the trace may or may not have seen it happen (the
+# telemetry sampler's first look at the OS; the system's TLS configuration and CA store, which
+# ssl's default context opens when a lazily imported library makes one, e.g. with prometheus_client
+# in some environments): always copied when the host has them, so two builds do not differ by a race.
+LATE_READS = ("/etc/os-release", "/etc/ssl/openssl.cnf", "/etc/ssl/certs/ca-certificates.crt")
 
 # Packages copied whole: their modules are imported lazily, after READY (prometheus_client: by the
 # metrics publisher, image/bundle/metrics.py), so the trace may not see them all.

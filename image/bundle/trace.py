@@ -89,6 +89,20 @@ def _exercise(address: str) -> None:
         client.recv()
 
 
+def _wait_for_late_starts(boot_args: list[str], deadline_s: float = 60.0) -> None:
+    """Wait until what starts after READY has run once: the metrics publisher's first textfile
+    (it imports prometheus_client, ssl, http.server...). Stopping before it would leave its files
+    out of the trace in one build and not in another: the rootfs would depend on a race."""
+    import time
+
+    if "--metrics-textfile" not in boot_args:
+        return
+    d = Path(boot_args[boot_args.index("--metrics-textfile") + 1])
+    end = time.monotonic() + deadline_s
+    while not any(d.glob("*.prom")) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _parse_strace(path: Path) -> tuple[set[str], set[str]]:
     syscalls: set[str] = set()
     files: set[str] = set()
@@ -145,6 +159,7 @@ def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, 
         except NotReady as exc:
             raise TraceError(f"the traced boot {exc}") from None
         _exercise(address)
+        _wait_for_late_starts(boot_args)
     finally:
         boot.stop(STOP_DEADLINE_S)
     proc = boot.proc
