@@ -7,12 +7,14 @@ Two bounds, checked in two places:
   before any tokenizing, and the memory they hold stays bounded;
 * after tokenizing, in the tokenizer stage (:meth:`Admission.admit`): texts and padded tokens
   admitted and not yet answered (``max_queue_requests``, ``max_queue_tokens``), in all and per
-  connection. One connection may hold at most its *share*, an eighth of each bound
-  (:data:`CONNECTION_SHARE`) but never less than one request of the most texts of the largest
-  bucket, so a flood is answered OVERLOADED on its own connection while 7 connections at their
-  share still leave an eighth of the queue to everyone else (a single connection of a small
-  queue can still fill it). The share of texts is checked again before tokenizing
-  (:meth:`Admission.fill`), so a flood that resends at once costs no tokenizer time.
+  connection. One connection may hold at most its *share* of each bound (:meth:`Admission.share`):
+  an equal part counting the connections that hold work plus one more, the next to come. Alone,
+  a connection may hold half the queue (an app that pipelines its largest requests is served);
+  with 4 holding work each may hold a fifth, so a flood is answered OVERLOADED on its own
+  connections while a newcomer still finds room. The share is never less than one request of
+  the most texts of the largest bucket (a single connection of a small queue can still fill
+  it). The share of texts is checked again before tokenizing (:meth:`Admission.fill`), so a
+  flood that resends at once costs no tokenizer time.
 
 Texts are tokenized with the model's maximum as the limit (the tokenizer stops there), so the
 bucket of each is known and a text over the maximum is truncated or refused. The I/O thread
@@ -31,9 +33,8 @@ from edge.serving.request import Request
 from edge.serving.scheduler import connection_of
 from edge.serving.shapes import BatchShapes
 
-__all__ = ["Admission", "CONNECTION_SHARE", "REQUEST_MAX_TEXTS"]
+__all__ = ["Admission", "REQUEST_MAX_TEXTS"]
 
-CONNECTION_SHARE = 8  # one connection holds at most 1/8 of the queue bounds (texts, padded tokens)
 REQUEST_MAX_TEXTS = 64  # the most texts of one infer request (edge.ipc.protocol.Limits.max_texts; a test pins it)
 
 
@@ -46,9 +47,8 @@ class Admission:
         self.max_texts = settings.max_queue_requests  # queue bound (texts)
         self.max_queue_tokens = settings.max_queue_tokens  # queue bound (padded tokens)
         self.max_pending_bytes = settings.max_pending_text_bytes  # tokenizer backlog bound (UTF-8 bytes)
-        # A connection's share (texts, padded tokens): 128 and 32768 with the default bounds.
-        self.share_texts = max(self.max_texts // CONNECTION_SHARE, REQUEST_MAX_TEXTS)
-        self.share_tokens = max(self.max_queue_tokens // CONNECTION_SHARE, REQUEST_MAX_TEXTS * shapes.buckets[-1])
+        # The least share of a connection: one request of the most texts, all in the largest bucket.
+        self.least_share = (REQUEST_MAX_TEXTS, REQUEST_MAX_TEXTS * shapes.buckets[-1])
         self.specials = getattr(tokenizer, "num_special_tokens", 0)  # ids a text gets whatever it holds
         self._lock = threading.Lock()
         self.texts = 0  # texts admitted, not yet answered
@@ -81,8 +81,9 @@ class Admission:
         if conn is not None:
             with self._lock:
                 texts_held, tokens_held = self._held.get(conn, (0, 0))
-            if texts_held + len(texts) > self.share_texts or tokens_held >= self.share_tokens:
-                raise self._over_share(texts_held, tokens_held)
+                share = self._share(conn)
+            if texts_held + len(texts) > share[0] or tokens_held >= share[1]:
+                raise self._over_share(texts_held, tokens_held, share)
         ids, buckets, truncated = [], [], []
         for i, text in enumerate(texts):
             enc = self.tokenizer.encode(text, max_length=self.max_text_tokens)
@@ -110,8 +111,10 @@ class Admission:
             n = request.texts
             conn = connection_of(request)
             held = self._held.get(conn, [0, 0]) if conn is not None else None
-            if held is not None and (held[0] + n > self.share_texts or held[1] + request.cost > self.share_tokens):
-                raise self._over_share(*held)
+            if held is not None:
+                share = self._share(conn)
+                if held[0] + n > share[0] or held[1] + request.cost > share[1]:
+                    raise self._over_share(held[0], held[1], share)
             if self.texts + n > self.max_texts or self.queued_tokens + request.cost > self.max_queue_tokens:
                 raise FlowError(f"queue full ({self.texts} texts, {self.queued_tokens} tokens queued); retry later",
                                 ErrorCode.OVERLOADED)
@@ -124,10 +127,21 @@ class Admission:
             request.admitted = True
             return True
 
-    def _over_share(self, texts: int, tokens: int) -> FlowError:
+    def share(self, conn: Any) -> tuple[int, int]:
+        """The texts and padded tokens ``conn`` may hold now (see the module's docstring)."""
+        with self._lock:
+            return self._share(conn)
+
+    def _share(self, conn: Any) -> tuple[int, int]:
+        # Callers hold the lock. The connections holding work, this one included, plus the next.
+        parts = len(self._held) + (0 if conn in self._held else 1) + 1
+        return (max(self.max_texts // parts, self.least_share[0]),
+                max(self.max_queue_tokens // parts, self.least_share[1]))
+
+    def _over_share(self, texts: int, tokens: int, share: tuple[int, int]) -> FlowError:
         return FlowError(f"this connection's share of the queue is full ({texts} texts, {tokens} tokens queued; "
-                         f"share {self.share_texts} texts, {self.share_tokens} tokens); retry after its replies",
-                         ErrorCode.OVERLOADED)
+                         f"share {share[0]} texts, {share[1]} tokens, with {len(self._held)} connections "
+                         f"holding work); retry after its replies", ErrorCode.OVERLOADED)
 
     def unreserve(self, text_bytes: int) -> None:
         """The request's texts are tokenized (or refused): they leave the backlog."""

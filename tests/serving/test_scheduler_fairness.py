@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from edge.errors import ErrorCode, FlowError
 from edge.ipc.protocol import Limits
-from edge.serving.admission import CONNECTION_SHARE, REQUEST_MAX_TEXTS, Admission
+from edge.serving.admission import REQUEST_MAX_TEXTS, Admission
 from edge.serving.request import Request
 from edge.serving.scheduler import PRIORITY_AGE_S, BucketScheduler, connection_of
 from edge.serving.shapes import BatchShapes
@@ -253,25 +253,45 @@ def test_request_max_texts_is_the_protocols():
     assert REQUEST_MAX_TEXTS == Limits().max_texts
 
 
-def test_a_flooding_connection_is_told_it_is_overloaded_and_others_are_admitted():
+def fill_to_share(a: Admission, c: int, n_texts: int) -> list[Request]:
+    """Admit requests of ``n_texts`` on connection ``c`` until the next would pass its share."""
+    admitted = []
+    while a._held.get(c, [0, 0])[0] + n_texts <= a.share(c)[0]:
+        admitted.append(admit(a, c, n_texts))
+    return admitted
+
+
+def test_a_lone_connection_may_hold_half_the_queue():
+    """An app alone on the device may pipeline several of its largest requests."""
     a = admission()  # the defaults: 1024 texts, 262144 tokens
-    assert (a.share_texts, a.share_tokens) == (1024 // CONNECTION_SHARE, 262144 // CONNECTION_SHARE)
-    flood = [admit(a, c, 16) for c in (1, 2, 3, 4) for _ in range(a.share_texts // 16)]
+    assert a.share(1) == (1024 // 2, 262144 // 2)
+    for _ in range(4):  # 4 requests of 64 texts of the largest bucket
+        assert admit(a, 1, 64, 250).admitted
+    assert a.share(1) == (512, 131072)  # holding work does not count it twice
+
+
+def test_a_flooding_connection_is_told_it_is_overloaded_and_others_are_admitted():
+    a = admission()
+    first = [admit(a, c, 16) for c in (1, 2, 3, 4)]  # 4 connections hold work
+    assert a.share(1) == (1024 // 5, 262144 // 5)  # an equal part, one left for the next to come
+    flood = first + [r for c in (1, 2, 3, 4) for r in fill_to_share(a, c, 16)]
     for c in (1, 2, 3, 4):
         with pytest.raises(FlowError) as info:
             admit(a, c, 16)
         assert info.value.code == ErrorCode.OVERLOADED and "connection's share" in info.value.message
+    assert a.texts <= 4 * (1024 // 5)
+    assert a.share(9) == (1024 // 6, 262144 // 6)
     assert admit(a, 9, 16).admitted  # another connection is still admitted
-    a.release(flood[0])  # a reply frees the flood's room on its own connection only
-    assert admit(a, 1, 16).admitted
+    for r in [r for r in flood if connection_of(r) == 1][:3]:
+        a.release(r)  # replies free the flood's room on its own connection only (192 of 170 now)
+    assert admit(a, 1, 1).admitted
     with pytest.raises(FlowError):
-        admit(a, 2, 16)
+        admit(a, 2, 1)
 
 
 def test_a_refusal_for_the_share_of_texts_costs_no_tokenizing():
     a = admission()
-    for _ in range(a.share_texts // 64):
-        admit(a, 1, 64)
+    fill_to_share(a, 1, 64)
     calls = a.tokenizer.calls
     with pytest.raises(FlowError):
         admit(a, 1, 64)
@@ -281,19 +301,20 @@ def test_a_refusal_for_the_share_of_texts_costs_no_tokenizing():
 def test_the_share_of_tokens_binds_long_texts():
     a = admission()
     long_words = 250  # bucket 256
-    n = a.share_tokens // (256 * 16)  # requests of 16 long texts that fit
+    share_tokens = a.share(1)[1]
+    n = share_tokens // (256 * 16)  # requests of 16 long texts that fit
     for _ in range(n):
         admit(a, 1, 16, long_words)
     with pytest.raises(FlowError) as info:
         admit(a, 1, 16, long_words)
     assert "connection's share" in info.value.message
-    assert a._held[1] == [16 * n, a.share_tokens]
+    assert a._held[1] == [16 * n, share_tokens]
 
 
 def test_a_lone_connection_can_still_fill_a_small_queue():
     """The share is never less than one request of the most texts, so a small bound stays whole."""
     a = admission(max_queue_requests=20)
-    assert a.share_texts == REQUEST_MAX_TEXTS
+    assert a.share(1)[0] == REQUEST_MAX_TEXTS
     for _ in range(20):
         admit(a, 1, 1)
     with pytest.raises(FlowError) as info:
