@@ -149,6 +149,8 @@ def test_the_quadlet_file_generates_the_units_podman_run(tmp_path):
         assert flag in start, (flag, start)
     assert start.index("--cgroups=no-conmon") > start.index("--cgroups=split")  # the later one wins
     assert "Type=notify" in service and "ExecStartPre=/usr/bin/install -d -o 61000" in service
+    dependencies = [line for line in service.splitlines() if line.startswith(("Wants=", "After=", "Requires="))]
+    assert not any("network-online" in line for line in dependencies), dependencies  # Network=none: no wait
     unit = tmp_path / "edge.service"
     unit.write_text(service)
     r = subprocess.run([tool_or_skip("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True,
