@@ -86,12 +86,14 @@ def cached_arm64_bundle(package: Path):
     yield from cached_bundle(package, "aarch64", build)
 
 
-def embed(address: str, texts=TEXTS) -> np.ndarray:
+def embed(address: str, texts=TEXTS, timeout_s: float | None = None) -> np.ndarray:
+    """The embeddings of `texts` from the runtime at `address`; `timeout_s` is the wait for the reply
+    (the client's default when None: an emulated engine needs far longer on a busy machine)."""
     from edge.ipc.client import EdgeClient
 
     client = EdgeClient(address)
     try:
-        return np.asarray(client.embed(list(texts)).embeddings)
+        return np.asarray(client.embed(list(texts), timeout_s=timeout_s).embeddings)
     finally:
         close = getattr(client, "close", None)
         if close:

@@ -69,7 +69,8 @@ def test_the_arm64_manifest_resolves_unpacks_and_serves_the_amd64_embeddings_und
                                   "import platform; print(platform.machine())"], capture_output=True, text=True,
                                  timeout=120)
         assert machine.stdout.strip() == "aarch64", machine
-        assert_same_embeddings(embed(meta["address"]), bundle_embeddings)  # aarch64 ORT == x86_64 ORT
+        # the first inference under qemu: 1.2 s alone here, past the client's 5 s when CI's machine was busy
+        assert_same_embeddings(embed(meta["address"], timeout_s=EMULATED_READY_S), bundle_embeddings)
         assert proc.stop(60) == 0, proc.output(2000)  # SIGTERM drains; the container exits 0
     finally:
         proc.stop(10)
