@@ -29,7 +29,7 @@ import zmq
 from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.validate import parse_request
-from edge.notify import notify
+from edge.system.notify import notify
 
 PAD_TO = 256  # tokens: every request is padded to the model's maximum length
 

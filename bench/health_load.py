@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from bench.serve_server import Server
-    from edge.default_package import default_package_dir, ensure_default_package
+    from edge.runtime.default_package import default_package_dir, ensure_default_package
     from edge.ipc.protocol import Limits
 
     limits = Limits()

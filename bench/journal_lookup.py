@@ -12,7 +12,7 @@
    (``--saturation``, requests/s; default: the figure bench.serve measured on a 2-core x86).
 2. **Look up**, three ids: the oldest entry (the worst case: every segment is searched, newest
    first), the newest, and one that is not there (every segment, plus the count of entries for
-   the message). Each in-process (``edge.journal.reader.find``) and as ``edge trace ID --json``
+   the message). Each in-process (``edge.observability.journal.reader.find``) and as ``edge trace ID --json``
    in a subprocess (what a technician runs: interpreter start and imports included); ``--runs``
    times each, warm page cache, min and median. Then once with the segments evicted from the
    page cache (``posix_fadvise(DONTNEED)`` after an fsync), the figure of a first lookup after
@@ -35,10 +35,10 @@ import sys
 import tempfile
 import time
 
-from edge.journal import reader
-from edge.journal.options import DEFAULT_JOURNAL_MAX_BYTES
-from edge.journal.segments import list_segments
-from edge.journal.writer import Journal
+from edge.observability.journal import reader
+from edge.observability.journal.options import DEFAULT_JOURNAL_MAX_BYTES
+from edge.observability.journal.segments import list_segments
+from edge.observability.journal.writer import Journal
 
 GOAL_S = 5.0  # issue 17: a request out of 1,000,000 entries within 5 s
 CHUNK = 50_000  # entries noted before the writer drains them (the queue holds 65,536)

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         ((4,), 1, 1, 3, 10) if args.quick else ((1, 4, 16, 10**9), 1, 2, 15, 60))
 
     from bench.textmix import describe, text_mix
-    from edge.default_package import default_package_dir, ensure_default_package
+    from edge.runtime.default_package import default_package_dir, ensure_default_package
     from edge.engines import load_engine
     from edge.preload.manifest import open_package
     from edge.preload.tokenizer import Tokenizer

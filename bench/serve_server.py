@@ -1,12 +1,12 @@
 """The serve benchmark's servers: a subprocess (the runtime, the glue server) bound to an ipc
-socket in a work directory, READY=1 from a NOTIFY_SOCKET we bind (``edge.readiness``)."""
+socket in a work directory, READY=1 from a NOTIFY_SOCKET we bind (``edge.system.readiness``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from edge.readiness import NotifiedProcess, NotReady
+from edge.system.readiness import NotifiedProcess, NotReady
 
 __all__ = ["READY_DEADLINE_S", "Server"]
 

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import msgpack
 
     from bench.serve_server import Server
-    from edge.default_package import default_package_dir, ensure_default_package
+    from edge.runtime.default_package import default_package_dir, ensure_default_package
     from edge.ipc.client import EdgeClient
 
     pkg_dir = Path(args.package) if args.package else ensure_default_package(default_package_dir())

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from pathlib import Path
 
-    from edge.default_package import default_package_dir, ensure_default_package
+    from edge.runtime.default_package import default_package_dir, ensure_default_package
     from edge.preload.manifest import open_package
     from edge.preload.tokenizer import Tokenizer
     from edge.serving.shapes import BatchShapes

@@ -18,7 +18,7 @@ Each stage's start and end (ms since exec) go into the timeline, which is logged
 JSON line, written to a file and returned by ``stats``. A stage that fails exits non-zero
 with an error naming the stage and the setting to change; systemd restarts the unit.
 The device never builds a package: ``edge serve`` on a build host does that before it
-execs this module (``edge/default_package.py``).
+execs this module (``edge/runtime/default_package.py``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ import sys
 import threading
 from pathlib import Path
 
-from edge.engine_chain import VERIFY_SETTING, EngineChain
+from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain
 from edge.errors import BootError
-from edge.notify import notify
-from edge.settings import parse_serve_args
-from edge.stages import Handoff, Stages
-from edge.timeline import Timeline
+from edge.system.notify import notify
+from edge.config.settings import parse_serve_args
+from edge.runtime.stages import Handoff, Stages
+from edge.runtime.timeline import Timeline
 
 __all__ = ["main", "boot", "serve"]
 
@@ -85,8 +85,8 @@ def import_server():
 def lineage_of(manifest, engine):
     """What every reply names as its origin, built once: package, engine, code, bundle."""
     from edge.ipc.protocol import Lineage
-    from edge.settings import bundle_sha256
-    from edge.version import __version__, code_commit  # reads a few small files, no subprocess (~0.2 ms)
+    from edge.config.settings import bundle_sha256
+    from edge.system.version import __version__, code_commit  # reads a few small files, no subprocess (~0.2 ms)
 
     return Lineage(model=manifest.name, model_sha256=manifest.model_sha256,
                    tokenizer_sha256=manifest.tokenizer_sha256, package_sha256=manifest.package_sha256,
@@ -96,8 +96,8 @@ def lineage_of(manifest, engine):
 
 def _snapshot_point(args, pkg, bind: str, timeline: Timeline, stop) -> Timeline | None:
     """Wait at the snapshot point (``--snapshot-point``); the timeline to go on with, or None
-    when a stop signal came first (``edge/snapshot.py``)."""
-    from edge.snapshot import pause_for_snapshot
+    when a stop signal came first (``edge/runtime/snapshot.py``)."""
+    from edge.runtime.snapshot import pause_for_snapshot
 
     spec = pkg.manifest.engines[args.engine]
     names = {pkg.manifest.tokenizer, *spec.get("files", ()), *spec.get("gpu_files", ())}
@@ -112,14 +112,14 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
     stages = Stages(timeline)
     timeline.add("interpreter", 0.0, timeline.ms_at(_MODULE_BOOTTIME_S))
     if getattr(args, "metrics_textfile", None) or getattr(args, "metrics_listen", None):
-        from edge.metrics_publish import check_metrics_export  # stdlib only: prometheus_client comes after READY
+        from edge.observability.metrics.publish import check_metrics_export  # stdlib only: prometheus_client comes after READY
 
         stages.run(check_metrics_export, args, setting="--metrics-textfile DIR, --metrics-listen HOST:PORT")
     manifest_mod = stages.run(import_manifest, setting="reinstall edge")
     if args.package:
         package_dir = Path(args.package)
     else:  # a device ships its package; a build host's `edge serve` builds this one first
-        from edge.default_package import default_package_dir
+        from edge.runtime.default_package import default_package_dir
 
         package_dir = default_package_dir()
     # Only this engine's files: a bundle's package holds no other's (image/bundle/package_copy.py).
@@ -148,7 +148,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
             chain.library.cancel()
         chain.settle()
         raise
-    from edge.log import configure
+    from edge.system.log import configure
 
     configure(args.log_level)
     engine, shapes, buffers = chain.result()
@@ -163,7 +163,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         stages = Stages(timeline)
         if chain.pending:  # CUDA: the device stages come after the restore
             engine, shapes, buffers = chain.finish(stages)
-    from edge.fallback import boot_fallback
+    from edge.runtime.fallback import boot_fallback
 
     fallback = boot_fallback(stages, args, pkg, shapes)  # after a restore: a CUDA fallback touches the device
     lineage = lineage_of(manifest, engine)
@@ -176,7 +176,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
 
     server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
                                   curve=server_curve(args.keys, bind))
-    from edge.journal.writer import open_journal  # its queue takes replies at once; its thread starts after READY
+    from edge.observability.journal.writer import open_journal  # its queue takes replies at once; its thread starts after READY
 
     server.journal = open_journal(args, lineage.as_dict(), fallback.lineage.as_dict() if fallback else None)
     stages.run(server.bind, setting=lambda: _bind_setting(bind), address=bind)  # computed only if it fails
@@ -207,7 +207,7 @@ def _with_faults(engine, args):
 
     delay, rate = args.fault_engine_delay_ms, args.fault_engine_error_rate
     if delay or rate:
-        from edge.log import log
+        from edge.system.log import log
 
         log("boot.fault_injection", level="warning", engine_delay_ms=delay, engine_error_rate=rate,
             message="the primary engine is slowed or failed on purpose (--fault-engine-*): a test setting")
@@ -216,12 +216,12 @@ def _with_faults(engine, args):
 
 def _bind_setting(bind: str) -> str:
     """What to change when bind fails: ``--bind ADDR``; under a bundle, whose address is not its
-    user's to change, the socket directory, its owner and the fix (edge/socket_dir.py)."""
-    from edge.settings import bundle_sha256, bundle_socket_dir
+    user's to change, the socket directory, its owner and the fix (edge/system/socket_dir.py)."""
+    from edge.config.settings import bundle_sha256, bundle_socket_dir
 
     if not bundle_sha256() or not bind.startswith("ipc://"):
         return "--bind ADDR"
-    from edge.socket_dir import bind_advice
+    from edge.system.socket_dir import bind_advice
 
     return bind_advice(os.path.dirname(bind[len("ipc://"):]), bundle_socket_dir())
 
@@ -243,7 +243,7 @@ def _write_timeline(path: Path, record: dict) -> None:
     in place (a rename replaces a link at ``path``, it does not write through it)."""
     import tempfile
 
-    from edge.log import log
+    from edge.system.log import log
 
     tmp = None
     try:
@@ -306,7 +306,7 @@ def _raise_open_files_limit() -> tuple[int, int]:
 def _stop_journal(server, timeout_s: float = 3.0) -> None:
     """Write the journal's queued entries (the drain's replies included) and close it."""
     if server.journal is not None and not server.journal.stop(timeout_s):
-        from edge.log import log
+        from edge.system.log import log
 
         log("journal.stop_timeout", level="warning", queued=server.journal.info()["queued"], timeout_s=timeout_s)
 
@@ -315,7 +315,7 @@ def serve(args) -> int:
     _quiet_numpy_blas(args.engine)
     _, open_files = _raise_open_files_limit()
     if open_files < 4096:  # the cap then cannot leave libzmq all the room it may take (connection_cap)
-        from edge.log import log
+        from edge.system.log import log
 
         log("boot.open_files_low", level="warning", limit=open_files,
             advice="raise the hard RLIMIT_NOFILE (LimitNOFILE=, the bundle's rlimits) to 4096 or more")
@@ -328,14 +328,14 @@ def serve(args) -> int:
     try:
         server, info = boot(args, timeline, stop)
     except BootError as exc:
-        from edge.log import log
+        from edge.system.log import log
 
         log("boot.failed", level="error", stage=exc.stage, code=int(exc.code), name=exc.code.name, error=str(exc),
             setting=exc.setting, timeline=timeline.as_dict())
         notify(f"STATUS=boot failed in {exc.stage}: {exc.message}"[:400])
         print(f"edge serve: {exc}", file=sys.stderr)
         return 3
-    from edge.log import log
+    from edge.system.log import log
 
     if server is None:  # stopped at the snapshot point
         log("shutdown.at_snapshot_point", **info)
@@ -357,10 +357,10 @@ def serve(args) -> int:
               flush=True)
     telemetry = None
     if getattr(args, "telemetry_interval", 0) > 0:  # after READY: the sampler reads on its own thread
-        from edge.telemetry import start_sampler
+        from edge.observability.telemetry import start_sampler
 
         telemetry = start_sampler(server, args.telemetry_interval)
-    from edge.metrics_publish import start_metrics  # after READY: prometheus_client's import costs ~60-100 ms
+    from edge.observability.metrics.publish import start_metrics  # after READY: prometheus_client's import costs ~60-100 ms
 
     metrics = start_metrics(args, server)
     if server.journal is not None:  # after READY: the writer creates its directories and lists segments

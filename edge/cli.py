@@ -1,7 +1,7 @@
 """``edge`` command line: ``serve`` (the runtime), ``embed``/``health``/``stats`` (a client),
-``selftest`` (the updater's health gate, ``edge/selftest.py``), ``top`` (a live view,
-``edge/top.py``), ``doctor`` (the technician's check, ``edge/doctor/``), ``keys generate``
-(CURVE keys for tcp://, ``edge/keys.py``) and ``trace`` (a reply's journal entry, ``edge/trace.py``).
+``selftest`` (the updater's health gate, ``edge/commands/selftest.py``), ``top`` (a live view,
+``edge/commands/top.py``), ``doctor`` (the technician's check, ``edge/commands/doctor/``), ``keys generate``
+(CURVE keys for tcp://, ``edge/commands/keys.py``) and ``trace`` (a reply's journal entry, ``edge/commands/trace.py``).
 
 No user mistake prints a traceback: every error is one line on stderr naming what is wrong
 and what to change, and the exit status says which kind it was (:data:`EXIT_CODES`).
@@ -78,28 +78,28 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--no-truncate", action="store_true", help="refuse texts over the model's max length")
     _client_parser(sub, "health", "exit 0 when the server is ready; prints the reply as JSON")
     _client_parser(sub, "stats", "print the server's counters, histograms, timeline and lineage as JSON")
-    from edge.selftest import add_arguments as add_selftest_arguments
+    from edge.commands.selftest import add_arguments as add_selftest_arguments
 
     add_selftest_arguments(_client_parser(
         sub, "selftest", "health gate for OS updaters: check that the server is ready, serves the package found "
                          "here, embeds the package's reference text as its build did, and booted within the "
                          "package's budget; exit 0 when all hold (docs/selftest.md)",
         timeout_s=30.0, timeout_help="wait at most this long for the server to be ready, and for the whole check"))
-    from edge.top import add_arguments as add_top_arguments
+    from edge.commands.top import add_arguments as add_top_arguments
 
     add_top_arguments(_client_parser(
         sub, "top", "a live terminal view of one runtime: requests per second, latency percentiles, queue per "
                     "bucket, batch fill, padding, device telemetry (docs/top.md)"))
-    from edge.doctor import add_arguments as add_doctor_arguments
+    from edge.commands.doctor import add_arguments as add_doctor_arguments
 
     add_doctor_arguments(_client_parser(
         sub, "doctor", "the technician's check of this device, service up or down: PASS, WARN, FAIL or N/A per "
                        "check with a fix; exit 0 when nothing failed (docs/doctor.md)",
         timeout_help="wait at most this long for each reply of the server"))
-    from edge.keys import add_parser as add_keys_parser
+    from edge.commands.keys import add_parser as add_keys_parser
 
     add_keys_parser(sub, _EPILOG)
-    from edge.trace import add_arguments as add_trace_arguments
+    from edge.commands.trace import add_arguments as add_trace_arguments
 
     add_trace_arguments(sub)
     return ap
@@ -117,7 +117,7 @@ def _fail(command: str, message: str, code: int = 2) -> int:
 def _address(args) -> str:
     """The address to connect to, normalized; AddressError names where it came from."""
     from edge.ipc.endpoint import AddressError, default_address, normalize_address
-    from edge.settings import env_address
+    from edge.config.settings import env_address
 
     given, source = (args.connect, "--connect") if args.connect else (env_address(), "EDGE_ADDRESS")
     if not given:
@@ -152,8 +152,8 @@ def _with_address(args, run) -> int:
 
 
 def _doctor(args) -> int:
-    """``edge doctor``: the address only when given (else the bundle's own, edge/doctor/)."""
-    from edge.doctor import run
+    """``edge doctor``: the address only when given (else the bundle's own, edge/commands/doctor/)."""
+    from edge.commands.doctor import run
     from edge.ipc.curve import KeyFileError, client_curve
     from edge.ipc.endpoint import AddressError, normalize_address
 
@@ -209,21 +209,21 @@ def _client(args) -> int:
 
 def serve(argv: list[str]) -> int:
     """``edge serve``: on a build host, build the default package if none is named; then exec the
-    runtime exactly as a device starts it (``python -S -m edge.boot``, ``edge/launch.py``), so its
+    runtime exactly as a device starts it (``python -S -m edge.boot``, ``edge/runtime/launch.py``), so its
     timeline starts at that exec and the build is never a boot stage."""
     import os
 
-    from edge.settings import parse_serve_args
+    from edge.config.settings import parse_serve_args
 
     args = parse_serve_args(argv)  # a usage error (a bad address included) stops here, before any build
     if args.package is None:
-        from edge.default_package import PackageBuildError, default_package_dir, ensure_default_package
+        from edge.runtime.default_package import PackageBuildError, default_package_dir, ensure_default_package
 
         try:
             argv = [*argv, "--package", str(ensure_default_package(default_package_dir()))]
         except PackageBuildError as exc:
             return _fail("serve", str(exc), exc.exit_code)
-    from edge.launch import boot_argv, boot_env
+    from edge.runtime.launch import boot_argv, boot_env
 
     import time
 
@@ -245,21 +245,21 @@ def main(argv: list[str] | None = None) -> int:
             return serve(argv[1:])
         args = _parser().parse_args(argv)
         if args.command == "keys":
-            from edge.keys import run
+            from edge.commands.keys import run
 
             return run(args)
         if args.command == "selftest":
-            from edge.selftest import run
+            from edge.commands.selftest import run
 
             return _with_address(args, run)
         if args.command == "top":
-            from edge.top import run
+            from edge.commands.top import run
 
             return _with_address(args, run)
         if args.command == "doctor":
             return _doctor(args)
         if args.command == "trace":
-            from edge.trace import run
+            from edge.commands.trace import run
 
             return run(args)
         return _client(args)

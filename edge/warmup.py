@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edge.device import device_kind
+from edge.engines.device import device_kind
 
 if TYPE_CHECKING:
     import numpy as np

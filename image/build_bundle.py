@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from edge.errors import PackageError
-from edge.launch import boot_argv
+from edge.runtime.launch import boot_argv
 from image.bundle import cdi, metrics, oci_config, seccomp, wheel
 from image.bundle.container_env import container_env, jemalloc_of, trace_env
 from image.cli_checks import abs_dir, positive_int, tcp_address, user_ids, writable_dir_problem
@@ -408,7 +408,7 @@ def _build(args, progress: Progress) -> int:
     check_arch(args.python or sys.executable, args.arch or platform.machine())  # before a default package build
     package = args.package
     if package is None:
-        from edge.default_package import PackageBuildError, default_package_dir, ensure_default_package
+        from edge.runtime.default_package import PackageBuildError, default_package_dir, ensure_default_package
 
         try:
             package = ensure_default_package(default_package_dir())
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     from image.archive import cli as archive_cli  # the build host's side: keygen, pack, verify-archive
 
     archive_cli.add_parsers(sub)
-    from edge.install import cli as install_cli  # the device side: install, status, rollback, mark-good
+    from edge.update.install import cli as install_cli  # the device side: install, status, rollback, mark-good
 
     install_cli.add_parsers(sub)
     args = ap.parse_args(argv)

@@ -49,7 +49,7 @@ from edge.preload.manifest import (
     model_digest,
     sha256_file,
 )
-from edge.settings import ServingSettings
+from edge.config.settings import ServingSettings
 
 __all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION", "SELFTEST_TEXT"]
 

@@ -136,7 +136,7 @@ def _checked_build(out: Path, args) -> int:
         return _fail(problem, 2)
     options = {"prune_corpus": args.prune_corpus, "ort_target_platform": args.ort_target_platform,
                "quantize": args.quantize, "fallback": fallback}
-    from edge.default_package import missing_build_modules
+    from edge.runtime.default_package import missing_build_modules
 
     missing = missing_build_modules()
     if missing:

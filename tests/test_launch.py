@@ -1,4 +1,4 @@
-"""edge/launch.py: the device's command line (python -S) and the byte code it needs."""
+"""edge/runtime/launch.py: the device's command line (python -S) and the byte code it needs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import edge
-from edge.launch import boot_argv, boot_env, boot_pythonpath, boot_pythonpath_of, compile_bytecode
+from edge.runtime.launch import boot_argv, boot_env, boot_pythonpath, boot_pythonpath_of, compile_bytecode
 
 EDGE_ROOT = str(Path(edge.__file__).resolve().parent.parent)
 

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from edge import notify as notify_mod
+from edge.system import notify as notify_mod
 
 
 @pytest.fixture

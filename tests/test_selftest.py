@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edge import cli
-from edge import selftest as S
+from edge.commands import selftest as S
 from edge.errors import ErrorCode, PackageError
 from edge.ipc.protocol import Lineage
 from edge.ipc.server import IpcServer

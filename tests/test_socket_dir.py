@@ -1,4 +1,4 @@
-"""edge/socket_dir.py: the bundle's socket directory made the runtime's, its refusals, the stale
+"""edge/system/socket_dir.py: the bundle's socket directory made the runtime's, its refusals, the stale
 leftovers it removes, and its users (edge-supervise's copy, edge-bundle snapshot, edge-coldstart,
 the installer, the runtime's bind error).
 
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from edge import socket_dir as S
+from edge.system import socket_dir as S
 from edge.errors import BootError
-from edge.stages import Stages, stage_error
-from edge.timeline import Timeline
+from edge.runtime.stages import Stages, stage_error
+from edge.runtime.timeline import Timeline
 
 REPO = Path(__file__).resolve().parents[1]
 UID = GID = 61000  # the builder's default runtime user
@@ -208,7 +208,7 @@ def test_check_is_read_only(tmp_path):
 # ------------------------------------------------------------------ edge-supervise's copy
 
 
-MARK_START = "# --- copied from edge/socket_dir.py: keep equal (tests/test_socket_dir.py) ---\n"
+MARK_START = "# --- copied from edge/system/socket_dir.py: keep equal (tests/test_socket_dir.py) ---\n"
 MARK_END = "# --- end of copy ---\n"
 
 
@@ -228,7 +228,7 @@ def _supervise_module():
 def test_edge_supervise_carries_an_equal_copy():
     module = _block(Path(S.__file__).read_text())
     supervise = _block((REPO / "systemd" / "edge-supervise").read_text())
-    assert supervise == module, "systemd/edge-supervise's copy differs from edge/socket_dir.py: copy it again"
+    assert supervise == module, "systemd/edge-supervise's copy differs from edge/system/socket_dir.py: copy it again"
     for name in ("prepare_socket_dir", "check_socket_dir", "ipc_socket_name", "_sd_refuse", "_sd_clean"):
         assert f"def {name}(" in module  # the functions, not only constants, are in the copied part
 
@@ -315,8 +315,8 @@ def _real_bundle_archive(tmp_path: Path, socket_dir: str):
 
 
 def test_installer_prepares_the_socket_dir_under_its_root(tmp_path):
-    from edge.install.installer import install
-    from edge.install.layout import DeviceLayout
+    from edge.update.install.installer import install
+    from edge.update.install.layout import DeviceLayout
 
     archive, root = _real_bundle_archive(tmp_path, "/run/edge")
     _root_leftovers(root / "run/edge")
@@ -326,9 +326,9 @@ def test_installer_prepares_the_socket_dir_under_its_root(tmp_path):
 
 
 def test_installer_refuses_before_the_switch(tmp_path):
-    from edge.install.errors import NotReady
-    from edge.install.installer import install
-    from edge.install.layout import DeviceLayout
+    from edge.update.install.errors import NotReady
+    from edge.update.install.installer import install
+    from edge.update.install.layout import DeviceLayout
 
     archive, root = _real_bundle_archive(tmp_path, "/run/edge")
     (root / "run").mkdir()

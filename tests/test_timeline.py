@@ -2,7 +2,7 @@ import subprocess
 import sys
 import time
 
-from edge.timeline import Timeline, exec_boottime_s
+from edge.runtime.timeline import Timeline, exec_boottime_s
 
 
 def test_stages_are_ordered_and_measured():
@@ -35,7 +35,7 @@ def test_stage_is_recorded_even_when_it_fails():
 def test_exec_time_precedes_python_start():
     # A fresh interpreter reports ms since exec that cover its own start-up:
     # positive, and not absurdly large.
-    code = "from edge.timeline import Timeline; print(Timeline().now_ms())"
+    code = "from edge.runtime.timeline import Timeline; print(Timeline().now_ms())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     ms = float(out.stdout)
     assert 0 < ms < 10_000

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from edge import top as T
+from edge.commands import top as T
 from edge.serving.metrics import LATENCY_BOUNDS_MS, Histogram
 
 try:
     from rich.console import Console
 
-    from edge.top_view import render
+    from edge.commands.top_view import render
 except ImportError:  # rich is the optional extra edge[top]: only the rendering needs it
     Console = render = None
 needs_rich = pytest.mark.skipif(render is None, reason="rich (pip install 'edge[top]') is not installed")
@@ -152,7 +152,7 @@ def test_an_empty_or_odd_reply_does_not_break_the_view():
         assert "—" in text_of(v)
 
 
-JETSON = {  # the shape of edge/telemetry/sampler.py read_all() on an Orin
+JETSON = {  # the shape of edge/observability/telemetry/sampler.py read_all() on an Orin
     "gpu": {"devfreq": "17000000.gpu", "name": "gpu", "load_pct": 37.0, "cur_freq_hz": 918000000},
     "thermal_c": {"gpu-thermal": 41.5, "cpu-thermal": 44.0},
     "power": {"VDD_IN": {"voltage_mv": 5000, "current_ma": 1240, "power_w": 6.2},
@@ -186,7 +186,7 @@ def test_telemetry_is_read_defensively():
 
 
 def test_telemetry_of_this_host_reads():
-    sampler = pytest.importorskip("edge.telemetry.sampler")
+    sampler = pytest.importorskip("edge.observability.telemetry.sampler")
     d = T.device_view(sampler.read_all("/", jtop=None, nvml=None))
     assert d.present and d.pending is None
     assert d.memory_total_bytes and d.memory_total_bytes > 0  # /proc/meminfo is on every Linux
@@ -346,7 +346,7 @@ def test_edge_top_command_once(server):
 
     sub = next(a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction))
     if "top" not in sub.choices:
-        pytest.skip("edge/cli.py does not wire `edge top` yet (edge.top.add_arguments and run)")
+        pytest.skip("edge/cli.py does not wire `edge top` yet (edge.commands.top.add_arguments and run)")
     code, _ = _with_load(server, lambda: subprocess.run(
         [sys.executable, "-m", "edge.cli", "top", "--once", "--interval", "0.3", "--connect", server.address],
         capture_output=True, text=True, timeout=60))

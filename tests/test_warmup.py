@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from edge import warmup
-from edge.device import device_kind
+from edge.engines.device import device_kind
 from edge.serving.shapes import BatchShapes
-from edge.settings import ServingSettings
+from edge.config.settings import ServingSettings
 
 SERVING = {
     "buckets": [16, 32, 64, 128, 256],

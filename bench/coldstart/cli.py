@@ -41,8 +41,8 @@ from bench.coldstart.runtime_runs import bundle_contract, check_address_free, ru
 from bench.coldstart.script_runs import run_baseline, run_import_probe
 from bench.coldstart import snapshot_runs as SR
 from bench.coldstart import unit_runs as U
-from edge.default_package import PackageBuildError
-from edge.launch import boot_env, compile_bytecode
+from edge.runtime.default_package import PackageBuildError
+from edge.runtime.launch import boot_env, compile_bytecode
 from image.bundle.progress import stop_signals
 
 __all__ = ["main", "parse_args", "emit", "EXIT_CODES"]
@@ -55,7 +55,7 @@ def _say(args, msg: str) -> None:
 def _package_dir(args) -> Path:
     if args.package:
         return args.package
-    from edge.default_package import default_package_dir, ensure_default_package
+    from edge.runtime.default_package import default_package_dir, ensure_default_package
 
     return ensure_default_package(default_package_dir())
 

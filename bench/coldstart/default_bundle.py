@@ -10,7 +10,7 @@ Not under ``~/.cache``: a restore runs in the container's user namespace, as an 
 host uid, and root's home is 0700 (every directory above the rootfs must let others search
 it; docs/snapshot.md). The socket directory is :data:`SOCKET_DIR`, not the service's
 ``/run/edge``, so the benchmark never answers for (or collides with) an installed service; it is
-prepared like any bundle's (``runtime_runs.prepare_socket_dir``, edge/socket_dir.py), a 0750
+prepared like any bundle's (``runtime_runs.prepare_socket_dir``, edge/system/socket_dir.py), a 0750
 directory being no obstacle to a snapshot (only the directories above it must be searchable).
 """
 

@@ -17,9 +17,9 @@ import zmq
 from bench.coldstart.args import UsageError
 from bench.coldstart.client import Client, embed_and_check
 from bench.coldstart.launch import STOP_TIMEOUT_S, RunFailed, RunResult, clean_env, now_ns
-from edge import socket_dir
-from edge.launch import boot_argv, boot_env
-from edge.readiness import stop_process
+from edge.system import socket_dir
+from edge.runtime.launch import boot_argv, boot_env
+from edge.system.readiness import stop_process
 
 __all__ = ["bundle_contract", "check_address_free", "prepare_socket_dir", "run_bundle", "run_runtime"]
 
@@ -94,7 +94,7 @@ def bundle_contract(bundle: Path) -> dict:
 
 def prepare_socket_dir(bundle: Path, meta: dict, *, snapshot_files: bool = False) -> dict:
     """The host socket directory made the runtime's as edge-supervise makes it on the device
-    (edge/socket_dir.py: created when missing, the uid:gid of config.json's ``process.user``, 0750,
+    (edge/system/socket_dir.py: created when missing, the uid:gid of config.json's ``process.user``, 0750,
     stale leftovers of other users removed, so a root ``edge serve``'s do not fail the start).
     A directory it refuses (a symlink, not a directory, writable by others) is a UsageError:
     exit 2 with the message, which names it; no run could pass."""

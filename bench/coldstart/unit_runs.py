@@ -123,8 +123,8 @@ def check_unit(name: str) -> str:
 def refuse_on_trial(root: Path = Path("/")) -> None:
     """An update on trial (docs/update.md) counts each start of the unit as one of its tries, and
     the start that finds none left rolls it back: a benchmark of restarts must not be that."""
-    from edge.install.layout import DeviceLayout
-    from edge.install.status import status
+    from edge.update.install.layout import DeviceLayout
+    from edge.update.install.status import status
 
     try:
         report = status(DeviceLayout(root))

@@ -125,7 +125,7 @@ class OrtEngine:
     def _resolve(device: str, providers: list[str], tensorrt: bool) -> tuple[str, list[str], int]:
         has_cuda = "CUDAExecutionProvider" in providers
         has_trt = "TensorrtExecutionProvider" in providers
-        from edge.device import resolve_device
+        from edge.engines.device import resolve_device
 
         device = resolve_device(device, has_cuda)
         if device == "cpu":

@@ -96,7 +96,7 @@ class TorchScriptEngine:
 
     @staticmethod
     def _resolve(torch, device: str) -> str:
-        from edge.device import resolve_device
+        from edge.engines.device import resolve_device
 
         device = resolve_device(device, torch.cuda.is_available())
         if device == "cpu":

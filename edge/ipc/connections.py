@@ -151,7 +151,7 @@ class Connections:
             return
         self.parked = True
         self.parks += 1
-        from edge.log import log
+        from edge.system.log import log
 
         log("ipc.connections_parked", level="warning", open=len(self._by_fd), cap=self.cap,
             resume_below=self.resume)
@@ -165,7 +165,7 @@ class Connections:
         except OSError:
             return
         self.parked = False
-        from edge.log import log
+        from edge.system.log import log
 
         log("ipc.connections_restored", level="info", open=len(self._by_fd))
 

@@ -7,7 +7,7 @@ server's ROUTER is a CURVE server (the traffic is encrypted) and a ZAP handler, 
 ``DIR/authorized_clients`` when the server binds. A client without keys, or with a key that is
 not there, gets no reply: the handshake fails and libzmq tells neither application.
 
-The key directory (``edge keys generate``, ``edge/keys.py``; ZeroMQ's certificate files)::
+The key directory (``edge keys generate``, ``edge/commands/keys.py``; ZeroMQ's certificate files)::
 
     DIR/                      0700
       server.key              the server's public key: give it to every client (--server-key)
@@ -99,7 +99,7 @@ class ServerCurve:
         ``router.bind``: a connection accepted before the handler runs would skip the check
         (libzmq lets every CURVE client in when no ZAP handler is bound)."""
         from edge.errors import BootError
-        from edge.log import log
+        from edge.system.log import log
 
         try:
             public, secret = load_key_file(self.secret_file, secret=True, what="the server's key pair")
@@ -156,7 +156,7 @@ def server_curve(keys_dir: str | None, bind: str) -> ServerCurve | None:
         return None  # ipc: the socket file's mode guards it (--keys with ipc is refused at parse)
     if keys_dir:
         return ServerCurve(keys_dir)
-    from edge.log import log
+    from edge.system.log import log
 
     log("serve.tcp_unauthenticated", level="warning", address=bind,
         why="TCP without keys: any user of this machine can connect and embed",
@@ -191,7 +191,7 @@ def client_curve(address: str, server_key: str | None, client_key: str | None,
                  env: dict | None = None) -> ClientCurve | None:
     """A command-line client's keys: the flags, else ``EDGE_SERVER_KEY`` / ``EDGE_CLIENT_KEY``;
     None when neither names any. KeyFileError says which flag or variable to change."""
-    from edge.settings import client_key_files
+    from edge.config.settings import client_key_files
 
     env_server, env_client = client_key_files(env)
     given = [(server_key, "--server-key"), (client_key, "--client-key")]

@@ -147,7 +147,7 @@ class Lineage:
     engine: str | None = None
     device: str | None = None
     edge_version: str | None = None
-    edge_commit: str | None = None  # the git commit edge was built from (edge/version.py), None if unknown
+    edge_commit: str | None = None  # the git commit edge was built from (edge/system/version.py), None if unknown
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}

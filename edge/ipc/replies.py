@@ -20,7 +20,7 @@ __all__ = ["Peer", "split_envelope", "peer_address", "result_frames", "serving_i
 
 class Peer:
     """Where and how to answer one message: the transport's return address and its connection,
-    and what the request journal records about the sender (edge/journal/)."""
+    and what the request journal records about the sender (edge/observability/journal/)."""
 
     __slots__ = ("identity", "delim", "encoding", "trace_id", "conn", "received", "address", "sample")
 
@@ -49,7 +49,7 @@ def split_envelope(frames: list[zmq.Frame], conn: int, address: str | None = Non
     encoding = P.sniff_encoding(first) if rest else P.MSGPACK
     peer = Peer(identity, delim, encoding, os.urandom(8).hex(), conn, address)
     if sample_bytes:
-        from edge.journal.rejected import capture
+        from edge.observability.journal.rejected import capture
 
         peer.sample = capture(rest, sample_bytes)
     return peer, rest

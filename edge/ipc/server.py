@@ -37,7 +37,7 @@ from edge.ipc.drain import FinalReads, read_to_the_end
 from edge.ipc.replies import Peer, health_reply, peer_address, result_frames, split_envelope, stats_reply
 from edge.ipc.endpoint import bind_router, default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
 from edge.ipc.validate import parse_request
-from edge.log import debug_enabled, log, log_exception
+from edge.system.log import debug_enabled, log, log_exception
 from edge.serving.core import ServingCore
 from edge.serving.request import CancelOutcome, Failed, Finished, Request, phases_ms
 
@@ -96,8 +96,8 @@ class IpcServer:
         self._stopped = threading.Event()
         self._handlers = {"infer": self._on_infer, "cancel": self._on_cancel, "health": self._on_health,
                           "stats": self._on_stats}
-        self.extra_stats: Callable[[], dict] | None = None  # more stats fields, no I/O (edge.telemetry sets it)
-        self.journal: Any = None  # edge.journal.writer.Journal: every reply is noted there (boot sets it)
+        self.extra_stats: Callable[[], dict] | None = None  # more stats fields, no I/O (edge.observability.telemetry sets it)
+        self.journal: Any = None  # edge.observability.journal.writer.Journal: every reply is noted there (boot sets it)
 
     @property
     def state(self) -> Lifecycle:
@@ -287,7 +287,7 @@ class IpcServer:
               request_id: Any = None, request: Request | None = None) -> bool:
         """Send one reply without blocking, note it in the journal; False (counted as dropped) if it could not go."""
         drop = self._deliver(peer, frames)
-        if self.journal is not None:  # a tuple on a bounded deque: never blocks (edge/journal/writer.py)
+        if self.journal is not None:  # a tuple on a bounded deque: never blocks (edge/observability/journal/writer.py)
             self.journal.note(kind, peer, code, message, request_id, request, drop)
         return drop is None
 

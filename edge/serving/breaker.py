@@ -40,7 +40,7 @@ TRIPS_KEPT = 16  # the latest trips stats.breaker.trips_recent shows, each with 
 @dataclass
 class Fallback:
     """What serves while the breaker is open: the fallback's engine, loaded and warmed at boot
-    (edge/fallback.py), with input buffers of its own (the primary may still hold its own, stuck
+    (edge/runtime/fallback.py), with input buffers of its own (the primary may still hold its own, stuck
     in a run), and the lineage its replies name."""
 
     engine: Any

@@ -1,6 +1,6 @@
 """``edge serve``'s flags for the circuit breaker, its fallback and fault injection
-(docs/breaker.md), added to the serve parser by :func:`edge.settings.serve_parser`, with the
-``EDGE_*`` variables they read (merged into :data:`edge.settings.ENVIRONMENT`).
+(docs/breaker.md), added to the serve parser by :func:`edge.config.settings.serve_parser`, with the
+``EDGE_*`` variables they read (merged into :data:`edge.config.settings.ENVIRONMENT`).
 
 Imported at boot by the serve parser: standard library only.
 """

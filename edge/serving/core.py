@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from edge.device import device_kind
+from edge.engines.device import device_kind
 from edge.serving.admission import Admission
 from edge.serving.breaker import CircuitBreaker, Fallback
 from edge.serving.engine_cost import EngineCost
@@ -26,7 +26,7 @@ from edge.serving.request import Cancel, Request
 from edge.serving.scheduler import BucketScheduler
 from edge.serving.shapes import BatchShapes
 from edge.serving.tokenize_stage import TokenizeStage
-from edge.settings import ServingSettings
+from edge.config.settings import ServingSettings
 from edge.warmup import preallocate
 
 __all__ = ["ServingCore"]

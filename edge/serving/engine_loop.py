@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from edge.errors import ErrorCode
-from edge.log import log, log_exception
+from edge.system.log import log, log_exception
 from edge.serving.breaker import PROBE_DEADLINE_S, CircuitBreaker, Fallback, PrimaryTimeout, Route
 from edge.serving.engine_cost import EngineCost
 from edge.serving.engine_worker import EngineWorker

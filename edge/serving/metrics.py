@@ -4,7 +4,7 @@ Written by two threads (the I/O thread counts requests and replies, the engine
 loop counts batches), read by the I/O thread for a ``stats`` reply; a single
 lock keeps a snapshot consistent. Every update is a few integer adds.
 
-The Prometheus exposition reads :meth:`Metrics.snapshot` too (``edge/metrics_export.py``,
+The Prometheus exposition reads :meth:`Metrics.snapshot` too (``edge/observability/metrics/export.py``,
 in base units), so ``stats`` and the metrics endpoint never disagree.
 """
 
@@ -30,7 +30,7 @@ PHASES = ("load", "transfer", "forward", "post")
 def bucket_quantile(bounds, counts, q: float, max_: float | None) -> float | None:
     """Upper bound of the bucket holding the q-quantile of ``counts`` (one more than ``bounds``:
     the last counts everything above, and ``max_`` answers for it). None when they hold nothing.
-    Also what `edge top` computes from two snapshots' count deltas (edge/top.py)."""
+    Also what `edge top` computes from two snapshots' count deltas (edge/commands/top.py)."""
     total = sum(counts)
     if not total:
         return None

@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any, Callable
 
 from edge.errors import EdgeError, ErrorCode
-from edge.log import log_exception
+from edge.system.log import log_exception
 from edge.serving.admission import Admission
 from edge.serving.metrics import Metrics
 from edge.serving.request import Admit, Cancel, Failed, Request

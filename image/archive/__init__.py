@@ -6,11 +6,11 @@
     measure.py      the figures of docs/archive.md (compression, throughput)
 
 The manifest's models, the keys, the compression and the verifying reader are the device's
-side too (the installer): they live in edge/archive/ and load from there.
+side too (the installer): they live in edge/update/archive/ and load from there.
 
-Names load on first use, so that ``import edge.archive.manifest`` (the installer) pulls in
+Names load on first use, so that ``import edge.update.archive.manifest`` (the installer) pulls in
 neither cryptography nor zstandard, and building the command line pulls in nothing. (``sign``
-and ``verify`` are ``keys.sign``/``keys.verify``: ``edge.archive.verify`` is the module.)
+and ``verify`` are ``keys.sign``/``keys.verify``: ``edge.update.archive.verify`` is the module.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = _WHERE[name]
-    package = __name__ if module == "pack" else "edge.archive"  # the device's side lives in edge/archive/
+    package = __name__ if module == "pack" else "edge.update.archive"  # the device's side lives in edge/update/archive/
     return getattr(importlib.import_module(f"{package}.{module}"), name)
 
 

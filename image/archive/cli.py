@@ -75,7 +75,7 @@ def command(args) -> int:
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         return _fail(args.command, f"{', '.join(missing)} missing: {_EXTRA}", 3)
-    from edge.archive import errors
+    from edge.update.archive import errors
 
     try:
         if args.command == "keygen":
@@ -94,7 +94,7 @@ def command(args) -> int:
 
 
 def _keygen(args) -> int:
-    from edge.archive.keys import keygen
+    from edge.update.archive.keys import keygen
 
     private, public, kid = keygen(args.out, force=args.force)
     print(f"key {kid}: private {private} (0600: keep it on the build host), public {public} "
@@ -103,8 +103,8 @@ def _keygen(args) -> int:
 
 
 def _pack(args) -> int:
-    from edge.archive.errors import PackError
-    from edge.archive.keys import load_private
+    from edge.update.archive.errors import PackError
+    from edge.update.archive.keys import load_private
     from image.archive.pack import check_request, pack_bundle
     from image.bundle.progress import Progress
     from image.cli_checks import writable_dir_problem
@@ -136,8 +136,8 @@ def _pack(args) -> int:
 
 
 def _verify(args) -> int:
-    from edge.archive.keys import load_trusted
-    from edge.archive.verify import verify_archive
+    from edge.update.archive.keys import load_trusted
+    from edge.update.archive.verify import verify_archive
 
     if not args.file.is_file():
         return _fail("verify-archive", f"{args.file}: no such file; give an archive (edge-bundle pack --out)", 2)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edge.archive import keys
-from edge.archive.compression import DecompressingReader
-from edge.archive.manifest import Compatible
-from edge.archive.verify import verify_archive
+from edge.update.archive import keys
+from edge.update.archive.compression import DecompressingReader
+from edge.update.archive.manifest import Compatible
+from edge.update.archive.verify import verify_archive
 from image.archive.pack import bundle_metadata, make_manifest, package_identity, scan_bundle, write_archive
 from image.bundle.rootfs import PACKAGE_PATH
 

@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from edge.archive import keys
-from edge.archive.compression import DEFAULT_COMPRESSION, compressing_writer
-from edge.archive.errors import PackError
-from edge.archive.manifest import (BUNDLE_DIR, MANIFEST_MEMBER, SIGNATURE_MEMBER, Compatible, DirEntry, FileEntry,
+from edge.update.archive import keys
+from edge.update.archive.compression import DEFAULT_COMPRESSION, compressing_writer
+from edge.update.archive.errors import PackError
+from edge.update.archive.manifest import (BUNDLE_DIR, MANIFEST_MEMBER, SIGNATURE_MEMBER, Compatible, DirEntry, FileEntry,
                                     L4tRange, Manifest, PackageIdentity, SymlinkEntry, check_path, resolve_symlink)
 from image.bundle.progress import Progress, human_bytes
 

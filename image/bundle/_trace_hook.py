@@ -4,7 +4,7 @@ This file is not imported by the build tool: its source is handed to the target
 environment's interpreter, so it may use the stdlib only and must not leave any
 module of its own in ``sys.modules``. The runtime does not know it is watched:
 an audit hook records every file Python opens, every ``ctypes`` dlopen and every
-program it starts; ``edge.notify.notify`` is wrapped so the first ``READY=``
+program it starts; ``edge.system.notify.notify`` is wrapped so the first ``READY=``
 takes a snapshot of ``sys.modules`` and ``/proc/self/maps`` (what the native
 loader mapped, including libraries loaded through ctypes). At exit, after the
 parent has exercised the server and sent SIGTERM, a second snapshot is merged
@@ -93,7 +93,7 @@ def _dump():
 sys.addaudithook(_audit)
 atexit.register(_dump)
 
-import edge.notify as _notify_module  # noqa: E402 - after the hook, so its files are recorded
+import edge.system.notify as _notify_module  # noqa: E402 - after the hook, so its files are recorded
 
 _real_notify = _notify_module.notify
 

@@ -48,7 +48,7 @@ def _allocator(env: dict[str, str], jemalloc: str | None) -> dict[str, str]:
 def container_env(layout: Layout, threads: int | None, device: str, jemalloc: str | None) -> dict[str, str]:
     """The container's: the interpreter at ``PYTHON_HOME`` (its prefix named, not searched for:
     no ``pyvenv.cfg`` and no build-host prefix), the modules in ``SITE``. The runtime starts
-    with ``python -S`` (edge/launch.py), so ``PYTHONPATH`` is the whole module path."""
+    with ``python -S`` (edge/runtime/launch.py), so ``PYTHONPATH`` is the whole module path."""
     env = {"PATH": f"{PYTHON_HOME}/bin:/usr/local/bin:/usr/bin:/bin", **_common(threads, device),
            "PYTHONHOME": PYTHON_HOME, "PYTHONPATH": SITE,
            # libpython, for an interpreter linked to it (pyenv's RUNPATH named the build host's prefix)

@@ -26,9 +26,9 @@ from pathlib import Path
 import zmq
 
 from edge.ipc import protocol as P
-from edge.launch import boot_argv, compile_bytecode
-from edge.readiness import stop_process
-from edge.socket_dir import ipc_socket_name, prepare_host_dirs, prepare_socket_dir
+from edge.runtime.launch import boot_argv, compile_bytecode
+from edge.system.readiness import stop_process
+from edge.system.socket_dir import ipc_socket_name, prepare_host_dirs, prepare_socket_dir
 
 __all__ = ["first_reply_s", "main"]
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the record here")
     args = ap.parse_args(argv)
     meta = json.loads((args.bundle / "edge-bundle.json").read_text())
-    # As edge-supervise prepares it (edge/socket_dir.py): owner, 0750, root's leftovers removed.
+    # As edge-supervise prepares it (edge/system/socket_dir.py): owner, 0750, root's leftovers removed.
     prepare_socket_dir(meta["socket_dir"], meta["user"]["uid"], meta["user"]["gid"],
                        socket_name=ipc_socket_name(meta["address"]) or "edge.sock")
     prepare_host_dirs(meta["user"]["uid"], meta["user"]["gid"], meta.get("metrics_dir"), meta.get("state_dir"))

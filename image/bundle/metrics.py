@@ -1,6 +1,6 @@
 """Metrics in a bundle: is ``prometheus_client`` in the runtime's environment, and the textfile directory.
 
-The runtime imports ``prometheus_client`` only after READY (``edge/metrics_publish.py``), so a
+The runtime imports ``prometheus_client`` only after READY (``edge/observability/metrics/publish.py``), so a
 plain traced boot never sees it nor the standard library it imports (``http.server``, ``wsgiref``,
 ``ssl``, ``email``...). When the environment has it, the trace boots with ``--metrics-textfile``
 (:func:`trace_args`): the publisher starts after READY and writes, and those files are traced;

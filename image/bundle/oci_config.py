@@ -97,7 +97,7 @@ def _mounts(socket_dir_host: str) -> list[dict]:
 
 def add_metrics_dir(config: dict, metrics_dir_host: str | None) -> None:
     """Bind ``metrics_dir_host`` on :data:`CONTAINER_METRICS_DIR` (read-write, as the socket directory)
-    and have the runtime write its textfile there (``EDGE_METRICS_TEXTFILE``, edge/settings.py).
+    and have the runtime write its textfile there (``EDGE_METRICS_TEXTFILE``, edge/config/settings.py).
     Nothing when ``metrics_dir_host`` is None (no ``--metrics-dir``)."""
     if metrics_dir_host is None:
         return
@@ -122,7 +122,7 @@ def add_state_dir(config: dict, state_dir_host: str = STATE_DIR, code_commit: st
 
 def host_dirs(config: dict) -> dict[str, str]:
     """The host directories besides the socket's that ``config`` binds read-write: ``metrics_dir``
-    and ``state_dir`` (edge/socket_dir.py ``prepare_host_dirs`` makes them the runtime's)."""
+    and ``state_dir`` (edge/system/socket_dir.py ``prepare_host_dirs`` makes them the runtime's)."""
     keys = {CONTAINER_METRICS_DIR: "metrics_dir", STATE_DIR: "state_dir"}
     return {keys[m["destination"]]: m["source"] for m in config.get("mounts", []) if m["destination"] in keys}
 
@@ -142,7 +142,7 @@ def runtime_config(*, args: list[str], env: dict[str, str], uid: int, gid: int, 
             "user": {"uid": uid, "gid": gid},
             "args": list(args),
             # The host's socket directory, which the runtime sees at CONTAINER_SOCKET_DIR: its bind
-            # error names it (edge/socket_dir.py bind_advice), as --bind is not a bundle user's to change.
+            # error names it (edge/system/socket_dir.py bind_advice), as --bind is not a bundle user's to change.
             "env": [f"{k}={v}" for k, v in env.items()] + [f"EDGE_BUNDLE_SOCKET_DIR={socket_dir_host}"],
             "cwd": "/",
             "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},

@@ -17,7 +17,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from edge.elf import ELF_MACHINES, elf_machine  # re-exported: the builder checks its interpreter with it
+from edge.system.elf import ELF_MACHINES, elf_machine  # re-exported: the builder checks its interpreter with it
 from image.bundle.layout import Layout, python_links
 from image.bundle.trace import Trace
 
@@ -25,7 +25,7 @@ __all__ = ["Rootfs", "select_files", "elf_machine", "ELF_MACHINES", "tree_size",
 
 PACKAGE_PATH = "/opt/edge/package"  # where the model package lives inside the container
 # Never copied: kernel and runtime filesystems, and files that describe the build host.
-# The telemetry sampler (edge/telemetry/) reads the build host's L4T release and power mode
+# The telemetry sampler (edge/observability/telemetry/) reads the build host's L4T release and power mode
 # after READY, inside the trace: a copy would freeze the build host's into the bundle.
 ALWAYS_EXCLUDED = ("/proc/", "/sys/", "/dev/", "/run/", "/tmp/", "/var/run/", "/var/tmp/", "/var/lib/nvpmodel/")
 HOST_IDENTITY = {"/etc/hostname", "/etc/machine-id", "/etc/resolv.conf", "/.dockerenv", "/etc/ld.so.cache",
@@ -84,7 +84,7 @@ def _under(path: str, prefixes) -> bool:
 def _startup_files(trace: Trace) -> set[str]:
     """What the interpreter reads before any hook can run: its real file and its prefix's landmark.
 
-    No ``.pth`` files: the runtime starts with ``-S`` (edge/launch.py), and one copied
+    No ``.pth`` files: the runtime starts with ``-S`` (edge/runtime/launch.py), and one copied
     without the module it imports (an editable install's finder) would break every
     other interpreter started in the container, ``runc exec python`` included. No
     ``pyvenv.cfg``: the container names its prefix with ``PYTHONHOME``.

@@ -3,7 +3,7 @@ still fits the bundle, restore it with ``runc restore`` (docs/snapshot.md).
 
 A snapshot lives in :func:`snapshot_dir`: for a slot's bundle installed by ``edge-bundle install``
 (``ROOT/opt/edge/slots/<a|b>/bundle``), outside the slot, in ``ROOT/var/cache/edge/<bundle_sha256>/snapshot/``
-(edge/install/layout.py), so that filling the slot again with the same bundle finds it, and a slot
+(edge/update/install/layout.py), so that filling the slot again with the same bundle finds it, and a slot
 holds only what its manifest lists; for any other bundle, beside it, in ``<bundle>.snapshot/``::
 
     config.json       the bundle's, plus ``--snapshot-point`` and a user namespace; root.path
@@ -21,7 +21,7 @@ socket file is owned as in a fresh start; the rest of the range maps above 10000
 pipe: CRIU cannot dump a file outside the container), waits for ``snapshot-point.json`` in
 the socket directory, and checkpoints the container, which ends it. ``restore`` starts a
 container from the images, writes ``snapshot-resume.json`` (when the restore began, on the
-wall clock) and sends SIGUSR2: the runtime's restore hook runs and it binds (edge/snapshot.py).
+wall clock) and sends SIGUSR2: the runtime's restore hook runs and it binds (edge/runtime/snapshot.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ __all__ = ["SnapshotError", "snapshot_dir", "snapshot_config", "dependencies", "
            "restore", "SNAPSHOT_FORMAT"]
 
 SNAPSHOT_FORMAT = 1
-MARKER = "snapshot-point.json"  # edge.snapshot.MARKER (the runtime's side; not imported: no edge on a bare host)
+MARKER = "snapshot-point.json"  # edge.runtime.snapshot.MARKER (the runtime's side; not imported: no edge on a bare host)
 RESUME = "snapshot-resume.json"
 USERNS_BASE = 100000  # host ids of the container's other ids
 USERNS_SIZE = 65536
@@ -161,10 +161,10 @@ def _check_searchable(paths: list[Path]) -> None:
 
 
 def _prepare_socket_dir(path: Path, uid: int, gid: int, config: dict) -> None:
-    """The socket directory made the runtime's as every starter makes it (edge/socket_dir.py), and
+    """The socket directory made the runtime's as every starter makes it (edge/system/socket_dir.py), and
     MARKER and RESUME removed whoever wrote them: an earlier run's would be read as this one's.
     A directory it refuses (a symlink, not a directory, writable by others) is a SnapshotError."""
-    from edge.socket_dir import SocketDirError, prepare_host_dirs, prepare_socket_dir  # SNAPSHOT_FILES: MARKER, RESUME
+    from edge.system.socket_dir import SocketDirError, prepare_host_dirs, prepare_socket_dir  # SNAPSHOT_FILES: MARKER, RESUME
     from image.bundle.oci_config import host_dirs
 
     try:
@@ -384,7 +384,7 @@ def command(args) -> int:
 
 
 def make_parents(path) -> None:
-    """edge/socket_dir.py ``make_parents`` (imported when called: see MARKER)."""
-    from edge.socket_dir import make_parents as make
+    """edge/system/socket_dir.py ``make_parents`` (imported when called: see MARKER)."""
+    from edge.system.socket_dir import make_parents as make
 
     make(path)

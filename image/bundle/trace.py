@@ -21,7 +21,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edge.readiness import NotifiedProcess, NotReady
+from edge.system.readiness import NotifiedProcess, NotReady
 
 __all__ = ["Trace", "trace_boot", "TraceError", "HOOK_SOURCE"]
 
@@ -123,7 +123,7 @@ def trace_boot(python: str, boot_args: list[str], workdir: Path, env: dict[str, 
                use_strace: str = "auto", progress=None) -> Trace:
     """Boot ``python -S -m edge.boot BOOT_ARGS`` under the recorder, exercise it, stop it.
 
-    ``-S`` as the bundle starts it (edge/launch.py): ``env`` carries the ``PYTHONPATH``.
+    ``-S`` as the bundle starts it (edge/runtime/launch.py): ``env`` carries the ``PYTHONPATH``.
 
     ``boot_args`` must not carry ``--bind``; the trace binds a socket in ``workdir``.
     ``env`` is the container's environment (HOME and NOTIFY_SOCKET are replaced).

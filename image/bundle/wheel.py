@@ -3,7 +3,7 @@
 A reply's lineage names ``edge_commit``; for that to be true the code in the bundle must be
 exactly that commit's. So the bundle builder never copies the checkout: it reads the shipped
 files (``edge/`` and ``pyproject.toml``, which holds the dependencies) from ``git archive HEAD``,
-writes them as a wheel with its own ``edge/_build_info.json`` (edge/version.py reads the commit
+writes them as a wheel with its own ``edge/_build_info.json`` (edge/system/version.py reads the commit
 there), and installs that wheel into the rootfs's fixed prefix (image/bundle/layout.py).
 
 * A tree whose shipped files differ from HEAD (edited, added, deleted) is refused, naming the

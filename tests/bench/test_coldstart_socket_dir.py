@@ -1,5 +1,5 @@
 """The bundle's socket directory under real runc: whatever state an earlier run or a root
-``edge serve`` left it in, ``edge-coldstart --bundle`` (edge/socket_dir.py through
+``edge serve`` left it in, ``edge-coldstart --bundle`` (edge/system/socket_dir.py through
 ``runtime_runs.prepare_socket_dir``) makes it the runtime's and the start passes; a directory it
 must not take over is refused at once (exit 2, naming it); and a runtime that still cannot bind
 says which directory, whose it is and how to fix it, not ``--bind``.

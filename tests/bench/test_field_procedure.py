@@ -25,8 +25,8 @@ from install_packing import keygen  # noqa: E402
 from trial_machine import Machine, nspawn_or_skip, variant_bundle  # noqa: E402
 
 from bench.coldstart.unit_runs import UNIT_PHASES  # noqa: E402
-from edge.install.installer import install, mark_good  # noqa: E402
-from edge.install.layout import DeviceLayout  # noqa: E402
+from edge.update.install.installer import install, mark_good  # noqa: E402
+from edge.update.install.layout import DeviceLayout  # noqa: E402
 
 FIELD = REPO / "docs" / "field.md"
 SOCKET_DIR = "/run/edge"  # the machine's own /run: the default address, as on a device

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.readiness import NotifiedProcess, NotReady, stop_process  # noqa: F401 - stop_process: for the tests
+from edge.system.readiness import NotifiedProcess, NotReady, stop_process  # noqa: F401 - stop_process: for the tests
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -92,7 +92,7 @@ def runnable_bundle(bundle: Path, workdir: Path) -> Path:
 
 
 def bundle_key(package: Path) -> str:
-    from edge.version import git_commit
+    from edge.system.version import git_commit
 
     # The commit too: the bundle's lineage names it (image/bundle/wheel.py), whatever the files.
     h = hashlib.sha256(f"{package.resolve()};{sys.executable};{sys.version};{git_commit(str(REPO))}".encode())
@@ -126,10 +126,10 @@ def bundle_meta(bundle: Path) -> dict:
 
 
 def prepare_socket_dir(meta: dict) -> Path:
-    """What edge-supervise does on the device (edge/socket_dir.py): the socket directory and the
+    """What edge-supervise does on the device (edge/system/socket_dir.py): the socket directory and the
     state directory, the runtime's user's."""
-    from edge.socket_dir import ipc_socket_name, prepare_host_dirs
-    from edge.socket_dir import prepare_socket_dir as prepare
+    from edge.system.socket_dir import ipc_socket_name, prepare_host_dirs
+    from edge.system.socket_dir import prepare_socket_dir as prepare
 
     uid, gid = meta["user"]["uid"], meta["user"]["gid"]
     prepare(meta["socket_dir"], uid, gid, socket_name=ipc_socket_name(meta.get("address")))

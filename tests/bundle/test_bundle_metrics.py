@@ -64,7 +64,7 @@ def test_prometheus_client_is_looked_up_on_the_runtimes_module_path(tmp_path):
     import prometheus_client  # noqa: F401 - the dev environment has the metrics extra
     from importlib.metadata import version
 
-    from edge.launch import boot_pythonpath
+    from edge.runtime.launch import boot_pythonpath
 
     env = {"PYTHONPATH": os.pathsep.join(boot_pythonpath())}
     assert metrics.prometheus_client_version(sys.executable, env) == version("prometheus_client")

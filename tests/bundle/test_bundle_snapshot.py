@@ -1,5 +1,5 @@
 """Snapshots of the MiniLM bundle, for real: ``runc checkpoint`` at the runtime's snapshot
-point, ``runc restore`` with CRIU 4.x (image/bundle/snapshot.py, edge/snapshot.py).
+point, ``runc restore`` with CRIU 4.x (image/bundle/snapshot.py, edge/runtime/snapshot.py).
 
 Each test works on a private copy of the bundle's config (its own socket directory, the
 open-files limit this host can grant) so that the cached bundle and other tests' containers

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.readiness import NotifiedProcess
+from edge.system.readiness import NotifiedProcess
 
 from bundle_support import REPO, bundle_meta, criu_or_skip, private_bundle, runc_or_skip
 
@@ -309,7 +309,7 @@ def test_a_failing_runc_restore_falls_back_to_a_fresh_start(snap_bundle, fresh, 
 
 
 def test_a_restored_runtime_whose_mapped_file_changed_exits_stale_and_the_start_is_fresh(ort_bundle, tmp_path):
-    """The runtime's own check (edge/snapshot.py after_restore): the package's manifest.json is
+    """The runtime's own check (edge/runtime/snapshot.py after_restore): the package's manifest.json is
     bound from a private copy, which is touched after the snapshot; the restored runtime exits 3
     with SNAPSHOT_STALE and the supervisor starts fresh."""
     runc_or_skip()

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from edge.readiness import NotifiedProcess
+from edge.system.readiness import NotifiedProcess
 
 from bundle_support import REPO, host_nofile, runc_or_skip, supervisor_events
 

@@ -19,8 +19,10 @@ import os
 import stat
 from pathlib import Path
 
-from edge import cli, doctor
-from edge.doctor.context import Host, Ran
+from edge import cli
+
+from edge.commands import doctor
+from edge.commands.doctor.context import Host, Ran
 
 SHA = "5e" * 32
 PACKAGE_SHA = "9b" * 32

@@ -15,8 +15,8 @@ import pytest
 
 from doctor_support import (LIMIT_BYTES, MODEL, PACKAGE_BYTES, SHA, checks, coldstart_record, context, install_bundle,
                             main, meminfo, one, orin_root, report_of, take_snapshot, write)
-from edge import doctor
-from edge.doctor.report import Verdict
+from edge.commands import doctor
+from edge.commands.doctor.report import Verdict
 
 JETSON_CHECKS = ("l4t", "module", "nvpmodel", "clocks")
 
@@ -255,7 +255,7 @@ def test_snapshot_dir_is_the_rule_of_image_and_edge_supervise(root):
     import importlib.machinery
     import importlib.util
 
-    from edge.doctor.tools import snapshot_dir
+    from edge.commands.doctor.tools import snapshot_dir
     from image.bundle import snapshot as S
 
     path = Path(__file__).resolve().parents[2] / "systemd" / "edge-supervise"
@@ -270,13 +270,13 @@ def test_snapshot_dir_is_the_rule_of_image_and_edge_supervise(root):
         assert snapshot_dir(bundle) == S.snapshot_dir(bundle) == Path(sup.snapshot_dir(bundle)), bundle
     assert snapshot_dir(slot) == root / "var/cache/edge" / SHA / "snapshot"
     assert snapshot_dir(plain) == Path(f"{plain}.snapshot")
-    from edge.doctor.tools import SNAPSHOT_FORMAT
+    from edge.commands.doctor.tools import SNAPSHOT_FORMAT
 
     assert sup.SNAPSHOT_FORMAT == S.SNAPSHOT_FORMAT == SNAPSHOT_FORMAT
 
 
 def test_default_budget_is_the_manifests(root, host):
-    from edge.doctor.service import _budget
+    from edge.commands.doctor.service import _budget
     from edge.preload.manifest import DEFAULT_BOOT_BUDGET_MS
 
     assert _budget(context(root, host, system=False)) == (DEFAULT_BOOT_BUDGET_MS, "the default")

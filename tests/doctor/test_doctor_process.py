@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from doctor_support import checks, main
-from edge import doctor
-from edge.doctor.context import Host
+from edge.commands import doctor
+from edge.commands.doctor.context import Host
 
 pytestmark = pytest.mark.process  # runs this machine's commands and the engines' imports
 
@@ -73,7 +73,7 @@ def test_this_machine_as_a_table():
 
 def test_importing_doctor_loads_only_the_standard_library():
     """edge's parser imports it: no zmq, numpy or pydantic, nothing of edge.ipc (the checks load lazily)."""
-    probe = ("import sys; before = set(sys.modules); import edge.doctor; "
+    probe = ("import sys; before = set(sys.modules); import edge.commands.doctor; "
              "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
              "('zmq', 'numpy', 'pydantic', 'msgpack', 'onnxruntime', 'torch') or m.startswith('edge.ipc')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)

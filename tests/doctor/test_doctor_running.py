@@ -15,8 +15,8 @@ import pytest
 
 from doctor_support import (PACKAGE_SHA, SHA, FakeHost, checks, context, install_bundle, one, orin_root, report_of,
                             take_snapshot)
-from edge.doctor.context import Ran
-from edge.doctor.report import Verdict
+from edge.commands.doctor.context import Ran
+from edge.commands.doctor.report import Verdict
 
 RUNC = (0, "runc version 1.1.12\ncommit: v1.1.12-0-g51d5e946\nspec: 1.0.2-dev\ngo: go1.20.13\nlibseccomp: 2.5.4\n")
 CRIU = (0, "Version: 4.1.1\nGitID: v4.1.1-edge1\n")
@@ -43,7 +43,7 @@ def test_runc_and_criu_versions(root):
 
 
 def test_snapshot_compares_the_machine_on_the_running_system(root):
-    from edge.doctor.tools import cpu_model
+    from edge.commands.doctor.tools import cpu_model
 
     host = FakeHost({"runc": RUNC, "criu": CRIU})
     bundle = install_bundle(root, arch=os.uname().machine, cdi=False)
@@ -105,7 +105,7 @@ def test_cuda_without_a_gpu_is_not_applicable(root):
 
 
 def test_a_check_that_raises_is_reported_and_the_others_run(root, host, monkeypatch):
-    from edge.doctor import device
+    from edge.commands.doctor import device
 
     monkeypatch.setattr(device, "check_module", lambda ctx: 1 / 0)
     c = checks(report_of(root, host=host, rc=0))
@@ -204,7 +204,7 @@ def test_a_server_that_never_answers_costs_the_timeout_only(root, host):
 
 
 def test_a_socket_this_user_may_not_reach_is_a_warning_not_a_down_service(root, host):
-    from edge.doctor.context import ServerFacts
+    from edge.commands.doctor.context import ServerFacts
 
     ctx = context(root, host, "--connect", "ipc:///run/edge/edge.sock", system=False)
     ctx.__dict__["server"] = ServerFacts("ipc:///run/edge/edge.sock", error="/run/edge/edge.sock: permission denied "

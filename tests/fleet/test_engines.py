@@ -13,7 +13,7 @@ from bundle_support import READY_DEADLINE_S, bundle_meta, prepare_socket_dir, pr
     start_container
 from fleet_support import PODMAN_GLOBAL, PODMAN_LIMITS, assert_same_embeddings, embed, podman_cleanup, tool_or_skip
 
-from edge.readiness import NotifiedProcess, NotReady
+from edge.system.readiness import NotifiedProcess, NotReady
 from image.bundle.digest import bundle_digest
 
 

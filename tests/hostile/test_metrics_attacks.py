@@ -1,7 +1,7 @@
 """The metrics endpoint under abuse (issue 26 item 7), performed for real on the runtime as
 users run it: slowloris connections that send a header line every 3 s, and 16 scrapers that
 loop as fast as they can. docs/metrics.md, Limits, gives the rules these check; the render
-cache itself is checked in process (edge/metrics_cache.py)."""
+cache itself is checked in process (edge/observability/metrics/cache.py)."""
 
 from __future__ import annotations
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from edge.archive import keys
-from edge.archive.compression import DecompressingReader, compressing_writer
-from edge.archive.errors import ArchiveError, KeyFileError, ManifestError, MemberError, PackError, SignatureError
-from edge.archive.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, Manifest, parse_manifest
-from edge.archive.verify import ArchiveReader, verify_archive
+from edge.update.archive import keys
+from edge.update.archive.compression import DecompressingReader, compressing_writer
+from edge.update.archive.errors import ArchiveError, KeyFileError, ManifestError, MemberError, PackError, SignatureError
+from edge.update.archive.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, Manifest, parse_manifest
+from edge.update.archive.verify import ArchiveReader, verify_archive
 from image.archive.pack import pack_bundle
 from image.bundle.digest import ENV_NAME, bundle_digest
 
@@ -429,7 +429,7 @@ def test_the_manifest_module_needs_no_cryptography():
     import subprocess
     import sys
 
-    code = ("import sys; import edge.archive.manifest; "
+    code = ("import sys; import edge.update.archive.manifest; "
             "print(sorted(m for m in ('cryptography', 'zstandard') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

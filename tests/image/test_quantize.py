@@ -97,7 +97,7 @@ def test_int8_build_is_deterministic(minilm_int8_package, tmp_path):
 def test_int8_serves_through_the_runtime(minilm_int8_package, minilm_package, tmp_path):
     """``python -m edge.boot`` on the int8 package: READY, and its replies within MIN_COSINE of the full model."""
     from edge.ipc.client import EdgeClient
-    from edge.readiness import NotifiedProcess
+    from edge.system.readiness import NotifiedProcess
 
     address = f"ipc://{tmp_path}/run/edge.sock"
     cmd = [sys.executable, "-m", "edge.boot", "--package", str(minilm_int8_package), "--engine", "onnxruntime",

@@ -13,11 +13,11 @@ import tarfile
 from pathlib import Path
 from typing import Callable
 
-from edge.archive import keys
-from edge.archive.compression import compressing_writer
-from edge.archive.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, parse_manifest
+from edge.update.archive import keys
+from edge.update.archive.compression import compressing_writer
+from edge.update.archive.manifest import MANIFEST_MEMBER, SIGNATURE_MEMBER, parse_manifest
 from image.archive.pack import make_manifest, pack_bundle, package_identity, scan_bundle
-from edge.archive.verify import ArchiveReader
+from edge.update.archive.verify import ArchiveReader
 from image.bundle.digest import bundle_digest
 
 __all__ = ["keygen", "fake_bundle", "pack", "pack_crafted", "manifest_of_archive"]
@@ -78,7 +78,7 @@ def pack_crafted(bundle: Path, key: Path, out: Path, *, edit: Callable[[dict], N
     meta = json.loads((bundle / "edge-bundle.json").read_text())
     private = keys.load_private(key)
     entries, host, _ = scan_bundle(bundle)
-    from edge.archive.manifest import Compatible
+    from edge.update.archive.manifest import Compatible
 
     manifest = make_manifest(meta, entries, keys.key_id(private.public_key()),
                              Compatible(arch=meta["arch"], l4t=None, devices=[]), package_identity(meta))

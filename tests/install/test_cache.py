@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from edge.install.cache import kept_digests, prune_caches
-from edge.install.layout import DeviceLayout
+from edge.update.install.cache import kept_digests, prune_caches
+from edge.update.install.layout import DeviceLayout
 
 A, B, STALE = "a" * 64, "b" * 64, "c" * 64
 

@@ -1,4 +1,4 @@
-"""The host paths, user and unit drop-in a signed bundle names (edge/install/host_paths.py,
+"""The host paths, user and unit drop-in a signed bundle names (edge/update/install/host_paths.py,
 docs/archive.md "Host paths"): hostile archives, signed by the trusted key and packed by the real
 packer, are refused by the real installer, and the whole device root, and a directory beside it,
 are byte-identical afterwards (every path's type, mode, owner and content); the values the
@@ -17,10 +17,10 @@ import pytest
 from install_packing import fake_bundle, pack
 from install_support import run_cli, tree_digest
 
-from edge.install import host_paths as H
-from edge.install.errors import NotReady, Refused
-from edge.install.layout import DeviceLayout
-from edge.socket_dir import prepare_socket_dir
+from edge.update.install import host_paths as H
+from edge.update.install.errors import NotReady, Refused
+from edge.update.install.layout import DeviceLayout
+from edge.system.socket_dir import prepare_socket_dir
 from image.build_bundle import DEFAULT_SOCKET_DIR, DEFAULT_USER, METADATA_NAME, SOCKET_NAME
 from image.bundle.limits import UNIT_DROPIN, resource_limits, unit_dropin
 from image.bundle.oci_config import STATE_DIR
@@ -85,7 +85,7 @@ def _archive(tmp_path: Path, keys, meta: dict | None = None, dropin: str | None 
 def live_root(tmp_path_factory, keys, archives) -> Path:
     """Bundle 1 in slot a, bundle 2 in slot b (live, committed), and the victims. Shared: each
     test checks it is unchanged afterwards."""
-    from edge.install.installer import install, mark_good
+    from edge.update.install.installer import install, mark_good
 
     root = tmp_path_factory.mktemp("host") / "root"
     (root / "etc/edge/keys").mkdir(parents=True)

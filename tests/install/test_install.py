@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from install_support import run_cli
 
-from edge.install.layout import DeviceLayout
-from edge.install.slots import check_slot
-from edge.install.state import TRIAL_TRIES, TrialStatus, load_state
+from edge.update.install.layout import DeviceLayout
+from edge.update.install.slots import check_slot
+from edge.update.install.state import TRIAL_TRIES, TrialStatus, load_state
 
 
 def _install(capsys, archive: Path, root: Path) -> tuple[int, str, str]:

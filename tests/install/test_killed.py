@@ -15,11 +15,11 @@ import pytest
 from install_support import REPO_ROOT, run_cli, tree_digest
 from install_packing import manifest_of_archive
 
-from edge.install.cli import CRASH_POINTS
-from edge.install.installer import install, mark_good
-from edge.install.layout import DeviceLayout
-from edge.install.slots import check_slot
-from edge.install.state import load_state
+from edge.update.install.cli import CRASH_POINTS
+from edge.update.install.installer import install, mark_good
+from edge.update.install.layout import DeviceLayout
+from edge.update.install.slots import check_slot
+from edge.update.install.state import load_state
 
 # After each step: the live slot (install 3 goes to slot a; b is live) right after the kill,
 # the live slot once the next run has recovered, and whether a staging directory is left.

@@ -6,13 +6,13 @@ import re
 import subprocess
 import sys
 
-import edge.install
+import edge.update.install
 from install_support import REPO_ROOT
 
 PROBE = """
 import sys
 import edge.boot, edge.cli
-booted = sorted(m for m in sys.modules if m.startswith(("edge.install", "pydantic", "cryptography")))
+booted = sorted(m for m in sys.modules if m.startswith(("edge.update.install", "pydantic", "cryptography")))
 from image.build_bundle import main
 from image.docs_options import parser_of
 parser_of(main)
@@ -28,13 +28,13 @@ def test_boot_path_and_parsers_import_no_installer():
 
 
 def test_public_names():
-    for name in edge.install.__all__:
-        assert getattr(edge.install, name) is not None, name
+    for name in edge.update.install.__all__:
+        assert getattr(edge.update.install, name) is not None, name
 
 
 def test_edge_never_imports_image():
     """edge/ does not import image/ (the layering rule): the archive's format, which the installer
-    needs on the device, lives in edge/archive/, and the build host's packer imports it from there."""
+    needs on the device, lives in edge/update/archive/, and the build host's packer imports it from there."""
     edge_dir = REPO_ROOT / "edge"
     crossing = sorted(str(p.relative_to(REPO_ROOT)) for p in edge_dir.rglob("*.py")
                       if re.search(r"^\s*(from|import) image\b", p.read_text(), flags=re.M))

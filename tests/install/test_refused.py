@@ -12,10 +12,10 @@ import pytest
 from install_support import run_cli, tree_digest
 from install_packing import fake_bundle, manifest_of_archive, pack, pack_crafted
 
-from edge.install.archive import parse_manifest
-from edge.install.compat import DeviceFacts, check_compatible, device_facts
-from edge.install.errors import Refused
-from edge.install.layout import DeviceLayout
+from edge.update.install.archive import parse_manifest
+from edge.update.install.compat import DeviceFacts, check_compatible, device_facts
+from edge.update.install.errors import Refused
+from edge.update.install.layout import DeviceLayout
 
 
 def _device_root(top: Path, keys) -> Path:
@@ -29,7 +29,7 @@ def _device_root(top: Path, keys) -> Path:
 def live_root(tmp_path_factory, keys, archives) -> Path:
     """Both slots full: bundle 1 in slot a, bundle 2 in slot b, live and committed. Shared by the
     tests of this module: each one checks that it is unchanged afterwards."""
-    from edge.install.installer import install, mark_good
+    from edge.update.install.installer import install, mark_good
 
     root = _device_root(tmp_path_factory.mktemp("live"), keys)
     for v in (1, 2):

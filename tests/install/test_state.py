@@ -8,11 +8,11 @@ import os
 import pytest
 from install_support import run_cli
 
-from edge.install.fsio import Busy, DirLock, atomic_write, switch_symlink
-from edge.install.installer import install
-from edge.install.layout import DeviceLayout
-from edge.install.slots import recover
-from edge.install.state import (HISTORY_LIMIT, InstallState, StateError, Trial, TrialStatus, load_state, now,
+from edge.update.install.fsio import Busy, DirLock, atomic_write, switch_symlink
+from edge.update.install.installer import install
+from edge.update.install.layout import DeviceLayout
+from edge.update.install.slots import recover
+from edge.update.install.state import (HISTORY_LIMIT, InstallState, StateError, Trial, TrialStatus, load_state, now,
                                 save_state)
 
 

@@ -11,10 +11,10 @@ import sys
 
 from install_support import REPO_ROOT
 
-from edge.install.installer import install, mark_good
-from edge.install.layout import DeviceLayout
-from edge.install.state import TRIAL_TRIES, load_state
-from edge.install.trial import EXIT, main, needs_attention, on_failure, pre_start, trial_slot, watch
+from edge.update.install.installer import install, mark_good
+from edge.update.install.layout import DeviceLayout
+from edge.update.install.state import TRIAL_TRIES, load_state
+from edge.update.install.trial import EXIT, main, needs_attention, on_failure, pre_start, trial_slot, watch
 
 
 def _two_installed(root, archives) -> DeviceLayout:
@@ -83,7 +83,7 @@ def test_leftovers_and_an_unrecorded_switch_need_the_slow_path(root, archives):
 def test_pre_start_on_a_committed_device_does_not_import_pydantic(root, archives):
     layout = _two_installed(root, archives)
     mark_good(layout)
-    code = ("import sys; from edge.install.trial import main; rc = main(['pre-start', '--root', sys.argv[1]]); "
+    code = ("import sys; from edge.update.install.trial import main; rc = main(['pre-start', '--root', sys.argv[1]]); "
             "print(rc, 'pydantic' in sys.modules, 'zmq' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=REPO_ROOT,
                          timeout=60)

@@ -28,9 +28,9 @@ from install_packing import keygen  # noqa: E402
 from install_support import tree_digest  # noqa: E402
 from trial_machine import CRASH, SLOW_BOOT, Machine, nspawn_or_skip, variant_bundle  # noqa: E402
 
-from edge.install.cli import CRASH_POINTS  # noqa: E402
-from edge.install.installer import install, mark_good  # noqa: E402
-from edge.install.layout import DeviceLayout  # noqa: E402
+from edge.update.install.cli import CRASH_POINTS  # noqa: E402
+from edge.update.install.installer import install, mark_good  # noqa: E402
+from edge.update.install.layout import DeviceLayout  # noqa: E402
 
 SOCKET_DIR = "/run/edge-test"  # inside the machine (its own /run): the same for every bundle, as on a device
 HEADER = "import json, os, subprocess, sys, time\nfrom trial_probe import *\n"

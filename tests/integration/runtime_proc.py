@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from edge.readiness import NotifiedProcess, NotReady
+from edge.system.readiness import NotifiedProcess, NotReady
 
 BOOT_DEADLINE_S = 120.0  # torch import alone takes seconds on this machine
 

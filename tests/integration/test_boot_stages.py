@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import edge
-from edge.stages import Stages
-from edge.timeline import Timeline
+from edge.runtime.stages import Stages
+from edge.runtime.timeline import Timeline
 
 EDGE = Path(edge.__file__).parent
 # Measured by the kernel and the interpreter before any of our code runs: no function to name.
@@ -36,7 +36,7 @@ def test_every_stage_boot_runs_names_a_function_in_edge():
     """Both engines' paths, read from the boot's code itself (boot.py, the engine's chain, the
     snapshot point): each ``stages.run(fn, ...)``'s fn is defined in edge/."""
     names = set()
-    nodes = [n for f in ("boot.py", "engine_chain.py", "snapshot.py") for n in ast.walk(ast.parse((EDGE / f).read_text()))]
+    nodes = [n for f in ("boot.py", "runtime/engine_chain.py", "runtime/snapshot.py") for n in ast.walk(ast.parse((EDGE / f).read_text()))]
     for node in nodes:
         if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id

@@ -1,4 +1,4 @@
-"""The runtime's log, as journald gets it (docs/protocol.md; edge/log.py): every line of stdout is
+"""The runtime's log, as journald gets it (docs/protocol.md; edge/system/log.py): every line of stdout is
 one JSON object with ts, level and event; a line about a request carries that request's trace
 id, at debug; at the default level (info) no line is written per request."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
-from edge.snapshot import MARKER, RESUME, RESUME_SIGNAL
+from edge.runtime.snapshot import MARKER, RESUME, RESUME_SIGNAL
 
 from runtime_proc import start_runtime
 

@@ -60,7 +60,7 @@ def test_serve_execs_the_device_command_line(monkeypatch):
     """`edge serve` becomes `python -S -m edge.boot ARGS` (the bundle's command), with the module path set."""
     import os
 
-    from edge.launch import boot_argv, boot_pythonpath
+    from edge.runtime.launch import boot_argv, boot_pythonpath
 
     seen = []
     monkeypatch.setattr(os, "execve", lambda path, argv, env: seen.append((path, argv, env)))
@@ -75,7 +75,7 @@ def test_serve_execs_the_device_command_line(monkeypatch):
 
 
 def test_serve_refuses_bad_flags_before_any_build(monkeypatch, capsys):
-    monkeypatch.setattr("edge.default_package.ensure_default_package", lambda p: pytest.fail("built a package"))
+    monkeypatch.setattr("edge.runtime.default_package.ensure_default_package", lambda p: pytest.fail("built a package"))
     with pytest.raises(SystemExit) as ei:
         cli.main(["serve", "--engine", "nope"])
     assert ei.value.code == 2 and "invalid choice" in capsys.readouterr().err

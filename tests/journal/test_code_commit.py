@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.version import code_commit, git_commit
+from edge.system.version import code_commit, git_commit
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"

@@ -7,7 +7,7 @@ import json
 import pytest
 from journal_support import LINEAGE, finished_request, peer
 
-from edge.journal.format import (
+from edge.observability.journal.format import (
     ENTRY_START,
     entry_line,
     expand,
@@ -18,7 +18,7 @@ from edge.journal.format import (
     segment_name,
     segment_seq,
 )
-from edge.journal.writer import Journal
+from edge.observability.journal.writer import Journal
 from edge.serving.request import phases_ms
 
 

@@ -18,10 +18,10 @@ from edge.errors import EdgeError  # noqa: E402
 from edge.ipc.client import EdgeClient  # noqa: E402
 from edge.ipc.protocol import Lineage  # noqa: E402
 from edge.ipc.server import IpcServer  # noqa: E402
-from edge.journal import reader  # noqa: E402
-from edge.journal.format import expand  # noqa: E402
-from edge.journal.rejected import read_sample  # noqa: E402
-from edge.journal.writer import Journal  # noqa: E402
+from edge.observability.journal import reader  # noqa: E402
+from edge.observability.journal.format import expand  # noqa: E402
+from edge.observability.journal.rejected import read_sample  # noqa: E402
+from edge.observability.journal.writer import Journal  # noqa: E402
 from edge.serving.core import ServingCore  # noqa: E402
 from ipc_fakes import FakeEngine, FakeTokenizer  # noqa: E402
 
@@ -98,7 +98,7 @@ def test_phase_histograms_and_journal_metrics_are_exported(served):
     pytest.importorskip("prometheus_client")
     from prometheus_client.parser import text_string_to_metric_families
 
-    from edge.metrics_export import registry_for, render
+    from edge.observability.metrics.export import registry_for, render
 
     server, client, d = served
     client.embed(["x y"])

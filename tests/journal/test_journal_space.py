@@ -11,11 +11,11 @@ import os
 from journal_support import LINEAGE, finished_request, peer, wait_for
 from tmpfs_support import fill, tmpfs, used_bytes
 
-from edge.journal import reader
-from edge.journal.budget import ByteCap
-from edge.journal.rejected import SAMPLE_DISK_BYTES, RejectedStore, capture, read_sample
-from edge.journal.segments import SegmentFiles, list_segments
-from edge.journal.writer import Journal
+from edge.observability.journal import reader
+from edge.observability.journal.budget import ByteCap
+from edge.observability.journal.rejected import SAMPLE_DISK_BYTES, RejectedStore, capture, read_sample
+from edge.observability.journal.segments import SegmentFiles, list_segments
+from edge.observability.journal.writer import Journal
 
 OVERLONG = [b'\x82\xa1v\x01\xa4type\xa5infer', b"y" * 40_000]  # the frames of an over-long text, as captured
 MESSAGE = "texts[0] has 40000 bytes, more than max_text_bytes 32768"

@@ -13,11 +13,11 @@ import time
 import pytest
 from journal_support import LINEAGE, finished_request, peer, wait_for
 
-from edge.journal import reader, segments
-from edge.journal.format import segment_name
-from edge.journal.rejected import SAMPLE_BYTES, capture, read_sample
-from edge.journal.segments import SegmentFiles, list_segments
-from edge.journal.writer import Journal
+from edge.observability.journal import reader, segments
+from edge.observability.journal.format import segment_name
+from edge.observability.journal.rejected import SAMPLE_BYTES, capture, read_sample
+from edge.observability.journal.segments import SegmentFiles, list_segments
+from edge.observability.journal.writer import Journal
 
 
 def _disk(directory) -> int:
@@ -263,7 +263,7 @@ def test_capture_of_many_frames_records_sixteen_sizes_and_4_kib(tmp_path):
 def test_nothing_asked_nothing_opened(tmp_path, max_bytes, keep):
     from argparse import Namespace
 
-    from edge.journal.writer import open_journal
+    from edge.observability.journal.writer import open_journal
 
     args = Namespace(state_dir=str(tmp_path), journal_dir=None, journal_max_bytes=max_bytes, keep_rejected=keep)
     assert open_journal(args, LINEAGE) is None

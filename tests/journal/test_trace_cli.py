@@ -11,8 +11,8 @@ import sys
 import pytest
 from journal_support import LINEAGE, finished_request, peer
 
-from edge.journal.rejected import capture
-from edge.journal.writer import Journal
+from edge.observability.journal.rejected import capture
+from edge.observability.journal.writer import Journal
 
 
 def _trace(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """``edge trace`` on a journal its runtime's user has tampered with (issue 26): it runs as root
-and trusts none of it. A real journal, written by :class:`~edge.journal.writer.Journal` as the
+and trusts none of it. A real journal, written by :class:`~edge.observability.journal.writer.Journal` as the
 runtime writes it, gets one hostile thing added, and the real CLI (a subprocess, with a timeout:
 a hang fails) must exit with a clear error or report what it skipped, never a traceback; the
 good entries must still be found, by trace id and by ``--last N``; and nothing it prints may
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from journal_support import LINEAGE, finished_request, peer
 
-from edge.journal.format import header_line, segment_name, segment_seq
-from edge.journal.rejected import capture
-from edge.journal.writer import Journal
+from edge.observability.journal.format import header_line, segment_name, segment_seq
+from edge.observability.journal.rejected import capture
+from edge.observability.journal.writer import Journal
 
 OLD, NEW, BAD = "0123456789abc0de", "0123456789abc1de", "badbadbadbadbad0"
 RAW = ("\x1b", "\x07", "\r", "\x9b", "\x7f", "\u202e", "\u2028", "\u2066", "\x00")  # never printed as is
@@ -299,8 +299,8 @@ def test_the_chunked_reader_finds_what_a_plain_parse_finds(state):
     """A 6 MiB segment of good lines with bad ones between them (over-long ones across the reads'
     chunk boundaries too): ``last`` returns every good entry, in order, each with its lineage;
     ``find`` finds any of them; ``extent`` counts every entry line; the skips are counted."""
-    from edge.journal import reader
-    from edge.journal.checks import MAX_LINE, Skipped
+    from edge.observability.journal import reader
+    from edge.observability.journal.checks import MAX_LINE, Skipped
 
     journal = state / "journal"
     template, lineage = _template(journal)

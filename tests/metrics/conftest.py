@@ -15,7 +15,7 @@ from edge.ipc.client import EdgeClient  # noqa: E402
 from edge.ipc.protocol import Lineage  # noqa: E402
 from edge.ipc.server import IpcServer  # noqa: E402
 from edge.serving.core import ServingCore  # noqa: E402
-from edge.timeline import Timeline  # noqa: E402
+from edge.runtime.timeline import Timeline  # noqa: E402
 from ipc_fakes import FakeEngine, FakeTokenizer  # noqa: E402
 
 SERVING = {"buckets": [8, 16, 32, 64], "max_batch_size": 8, "max_batch_tokens": 256, "max_delay_ms": 2.0,

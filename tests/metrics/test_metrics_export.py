@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from edge.errors import EdgeError, ErrorCode
-from edge.metrics_export import (
+from edge.observability.metrics.export import (
     boot_families, build_info, registry_for, render, snapshot_families, telemetry_families,
 )
 from edge.serving.metrics import LATENCY_BOUNDS_MS, Metrics
@@ -127,7 +127,7 @@ def test_build_info_names_the_lineage_and_none_as_empty():
 
 # ------------------------------------------------------------------ telemetry
 
-# A sample as edge/telemetry's sampler publishes it (a Jetson Orin, abridged), with the gaps a
+# A sample as edge/observability/telemetry's sampler publishes it (a Jetson Orin, abridged), with the gaps a
 # real device has: a reading that failed (None), a section that is absent.
 JETSON = {
     "device": {"jetson": True, "model": "NVIDIA Jetson AGX Orin", "l4t": "36.3.0", "compatible": ["nvidia,tegra234"]},
@@ -206,7 +206,7 @@ def test_exposition_of_a_serving_server(fake_server, client):
         c.embed([""])
     c.health()
     c.stats()
-    fake_server.extra_stats = lambda: {"telemetry": JETSON}  # what edge.telemetry's sampler sets
+    fake_server.extra_stats = lambda: {"telemetry": JETSON}  # what edge.observability.telemetry's sampler sets
     registry = registry_for(fake_server)
     found = scrape_until(lambda: render(registry), lambda f: value(f, "edge_replies_ok_total", type="stats") == 1)
     assert value(found, "edge_requests_total", type="infer") == 1
@@ -265,7 +265,7 @@ def test_a_failing_telemetry_source_leaves_only_its_gauges_out(fake_server):
 
 
 def test_the_boot_path_never_imports_prometheus_client():
-    code = ("import sys, edge.boot, edge.metrics_publish, edge.ipc.server, edge.serving.core; "
+    code = ("import sys, edge.boot, edge.observability.metrics.publish, edge.ipc.server, edge.serving.core; "
             "print('prometheus_client' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

@@ -12,11 +12,11 @@ import urllib.request
 
 import pytest
 
-from edge import metrics_publish as MP
-from edge.metrics_cache import MAX_FORMATS, TEXT, Exposition
-from edge.metrics_export import registry_for
-from edge.metrics_http import MetricsListener, _Conn, _DeadlineIO
-from edge.metrics_publish import MetricsPublisher
+from edge.observability.metrics import publish as MP
+from edge.observability.metrics.cache import MAX_FORMATS, TEXT, Exposition
+from edge.observability.metrics.export import registry_for
+from edge.observability.metrics.http import MetricsListener, _Conn, _DeadlineIO
+from edge.observability.metrics.publish import MetricsPublisher
 from metrics_support import samples, value
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"

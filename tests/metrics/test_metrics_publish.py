@@ -14,11 +14,11 @@ import urllib.request
 
 import pytest
 
-from edge import metrics_publish as MP
+from edge.observability.metrics import publish as MP
 from edge.errors import BootError, ErrorCode
-from edge.metrics_export import registry_for, render
-from edge.metrics_publish import MetricsPublisher, check_metrics_export, write_textfile
-from edge.settings import parse_listen, parse_serve_args
+from edge.observability.metrics.export import registry_for, render
+from edge.observability.metrics.publish import MetricsPublisher, check_metrics_export, write_textfile
+from edge.config.settings import parse_listen, parse_serve_args
 from metrics_support import promtool_check, samples, scrape_until, value
 
 # ------------------------------------------------------------------ textfile

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import msgpack
 
-from edge.telemetry import read_all
-from edge.telemetry.sysfs import read_cpu, read_gpu, read_power, read_thermal
-from edge.telemetry.system import read_device, read_memory, read_nvpmodel
+from edge.observability.telemetry import read_all
+from edge.observability.telemetry.sysfs import read_cpu, read_gpu, read_power, read_thermal
+from edge.observability.telemetry.system import read_device, read_memory, read_nvpmodel
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ORIN = str(FIXTURES / "orin")

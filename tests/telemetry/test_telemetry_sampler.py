@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from edge.settings import DEFAULT_TELEMETRY_INTERVAL_S, ENVIRONMENT, parse_serve_args
-from edge.telemetry import JtopSource, NvmlSource, Sampler, start_sampler
-from edge.telemetry.sampler import read_all
+from edge.config.settings import DEFAULT_TELEMETRY_INTERVAL_S, ENVIRONMENT, parse_serve_args
+from edge.observability.telemetry import JtopSource, NvmlSource, Sampler, start_sampler
+from edge.observability.telemetry.sampler import read_all
 
 ORIN = str(Path(__file__).resolve().parent / "fixtures" / "orin")
 
@@ -92,7 +92,7 @@ def test_thread_samples_until_stopped():
 def test_a_reader_bug_keeps_the_last_sample(monkeypatch):
     s = _sampler(interval_s=0.05)
     good = s.sample()
-    monkeypatch.setattr("edge.telemetry.sampler.read_all", lambda *a: 1 / 0)
+    monkeypatch.setattr("edge.observability.telemetry.sampler.read_all", lambda *a: 1 / 0)
     s.start()
     try:
         deadline = time.monotonic() + 10

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import time
 
-import edge.telemetry
+import edge.observability.telemetry
 
 from edge.ipc.client import EdgeClient
-from edge.readiness import NotifiedProcess
+from edge.system.readiness import NotifiedProcess
 
 BOOT_DEADLINE_S = 120.0
 
@@ -56,15 +56,15 @@ def test_stats_without_telemetry(minilm_package, tmp_path):
 
 
 def test_boot_path_imports_no_telemetry():
-    """edge.boot imports edge.telemetry only after READY (and not at all with the interval at 0)."""
-    probe = "import sys, edge.boot; print(sorted(m for m in sys.modules if m.startswith('edge.telemetry')))"
+    """edge.boot imports edge.observability.telemetry only after READY (and not at all with the interval at 0)."""
+    probe = "import sys, edge.boot; print(sorted(m for m in sys.modules if m.startswith('edge.observability.telemetry')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
 
 def test_public_names():
-    assert edge.telemetry.__all__ == ["DEFAULT_INTERVAL_S", "JtopSource", "NvmlSource", "Sampler", "read_all",
+    assert edge.observability.telemetry.__all__ == ["DEFAULT_INTERVAL_S", "JtopSource", "NvmlSource", "Sampler", "read_all",
                                       "start_sampler"]
-    for name in edge.telemetry.__all__:
-        assert getattr(edge.telemetry, name) is not None, name
+    for name in edge.observability.telemetry.__all__:
+        assert getattr(edge.observability.telemetry, name) is not None, name

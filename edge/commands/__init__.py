@@ -1,0 +1,1 @@
+"""Operator commands: selftest, trace, keys, top, doctor."""

@@ -1,0 +1,1 @@
+"""Configuration: the EDGE_* registry, argument types, settings records."""

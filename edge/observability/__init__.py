@@ -1,0 +1,1 @@
+"""What the runtime tells operators: metrics, telemetry, the request journal."""

@@ -1,0 +1,124 @@
+"""Where the journal and the rejected samples live, and how much they may hold: the flags of
+``edge serve`` that :func:`edge.config.settings.serve_parser` adds from here, and the directories
+``edge trace`` reads (docs/trace.md).
+
+    <state>/journal/      segment files (--journal-dir moves it; off turns the journal off)
+    <state>/rejected/     rejected requests' payloads (--keep-rejected N; 0600 files, 0700 directory)
+
+The state directory (``--state-dir``, ``EDGE_STATE_DIR``) defaults to ``/var/lib/edge/runtime``
+for root (beside the installer's ``/var/lib/edge/install.json``) and to
+``$XDG_STATE_HOME/edge`` (``~/.local/state/edge``) for anyone else, as the XDG base directory
+spec places state that outlives a restart but is not worth a backup.
+
+Imported at boot by the serve parser: standard library only, and nothing is created here (the
+writer thread makes the directories after READY).
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ENVIRONMENT", "DEFAULT_JOURNAL_MAX_BYTES", "MIN_JOURNAL_MAX_BYTES", "MAX_KEEP_REJECTED", "OFF", "env_setting",
+           "default_state_dir", "state_dir", "journal_dir", "rejected_dir", "parse_bytes", "add_serve_arguments"]
+
+# 256 MiB: about 1.2 million entries of ~210 bytes (one text each), a day at 14 requests/s;
+# docs/trace.md sizes it for a device's own saturation rate. 1/16 of it per segment.
+DEFAULT_JOURNAL_MAX_BYTES = 256 << 20
+MIN_JOURNAL_MAX_BYTES = 64 << 10  # below this a segment could not hold a few entries (bytes)
+# Samples. Each takes 8 KiB on 4 KiB blocks (a payload of 4 KiB at most and ~0.4 KiB of metadata,
+# two files, each rounded up to a block; edge/observability/journal/rejected.py), counted in the journal's cap.
+MAX_KEEP_REJECTED = 10_000
+OFF = "off"  # --journal-dir off: no journal
+ENVIRONMENT = {  # merged into edge.config.settings.ENVIRONMENT
+    "EDGE_STATE_DIR": "edge serve --state-dir, and where edge trace --state-dir looks by default",
+    "EDGE_JOURNAL_DIR": "edge serve --journal-dir (off: no journal), and edge trace --journal-dir",
+    "EDGE_JOURNAL_MAX_BYTES": "edge serve --journal-max-bytes",
+    "EDGE_KEEP_REJECTED": "edge serve --keep-rejected",
+}
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def env_setting(name: str, env: dict | None = None) -> str | None:
+    """One ``EDGE_*`` variable, refused unless :data:`edge.config.settings.ENVIRONMENT` documents it."""
+    from edge.config.settings import ENVIRONMENT
+
+    if name not in ENVIRONMENT:
+        raise KeyError(f"{name} is not in edge.config.settings.ENVIRONMENT")
+    return (os.environ if env is None else env).get(name) or None
+
+
+def default_state_dir(env: dict | None = None) -> str:
+    env = os.environ if env is None else env
+    if os.geteuid() == 0:
+        return "/var/lib/edge/runtime"
+    base = env.get("XDG_STATE_HOME") or ""
+    if not os.path.isabs(base):  # the spec: a relative value is to be ignored
+        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "edge")
+
+
+def state_dir(given: str | None = None, env: dict | None = None) -> str:
+    return given or env_setting("EDGE_STATE_DIR", env) or default_state_dir(env)
+
+
+def journal_dir(given: str | None, state: str) -> str | None:
+    """The journal's directory, or None when it is turned off (``off``)."""
+    if given and given.strip().lower() == OFF:
+        return None
+    return given or os.path.join(state, "journal")
+
+
+def rejected_dir(state: str) -> str:
+    return os.path.join(state, "rejected")
+
+
+def parse_bytes(text: str) -> int:
+    """``65536``, ``512K``, ``256M``, ``1G`` (binary units, an optional ``iB``/``B``) as bytes."""
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = t[-1:] if t[-1:] in _UNITS else ""
+    number = t[:len(t) - len(unit)].strip()
+    if not number.isdigit():
+        raise ValueError(f"{text!r} is not a size (bytes, or a number with K, M or G)")
+    return int(number) * _UNITS[unit]
+
+
+def _journal_bytes(text: str) -> int:
+    import argparse
+
+    try:
+        n = parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (from the flag or EDGE_JOURNAL_MAX_BYTES)") from None
+    if 0 < n < MIN_JOURNAL_MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (no journal) or at least {MIN_JOURNAL_MAX_BYTES >> 10}K "
+                                         f"(from the flag or EDGE_JOURNAL_MAX_BYTES)")
+    return n
+
+
+def _keep(text: str) -> int:
+    import argparse
+
+    if not text.strip().isdigit() or int(text) > MAX_KEEP_REJECTED:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of samples from 0 (none) to "
+                                         f"{MAX_KEEP_REJECTED} (from the flag or EDGE_KEEP_REJECTED)")
+    return int(text)
+
+
+def add_serve_arguments(p, e) -> None:
+    """The journal's flags on ``edge serve``'s parser ``p``; ``e(name, default)`` reads a variable.
+    Defaults are strings, so argparse checks a variable's value as it checks the flag's."""
+    p.add_argument("--state-dir", metavar="DIR", default=e("EDGE_STATE_DIR"),
+                   help="the runtime's state directory: the request journal and the rejected samples live there "
+                        "(default /var/lib/edge/runtime for root, else $XDG_STATE_HOME/edge, i.e. "
+                        "~/.local/state/edge; docs/trace.md; env EDGE_STATE_DIR)")
+    p.add_argument("--journal-dir", metavar="DIR|off", default=e("EDGE_JOURNAL_DIR"),
+                   help="directory of the request journal, which `edge trace TRACE_ID` reads (default "
+                        "STATE_DIR/journal; off: no journal; env EDGE_JOURNAL_DIR)")
+    p.add_argument("--journal-max-bytes", type=_journal_bytes, metavar="BYTES",
+                   default=e("EDGE_JOURNAL_MAX_BYTES", str(DEFAULT_JOURNAL_MAX_BYTES)),
+                   help="cap on disk of the journal's segments and the rejected samples together, oldest deleted "
+                        "first; K, M, G suffixes; 0: no journal (env EDGE_JOURNAL_MAX_BYTES)")
+    p.add_argument("--keep-rejected", type=_keep, metavar="N", default=e("EDGE_KEEP_REJECTED", "0"),
+                   help="keep the payloads of the last N requests refused as invalid (1xxx codes), 4 KiB each at "
+                        "most (8 KiB on disk, within --journal-max-bytes), in STATE_DIR/rejected (0600), for "
+                        "`edge trace`; 0: keep none (env EDGE_KEEP_REJECTED)")

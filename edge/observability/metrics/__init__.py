@@ -1,0 +1,1 @@
+"""Prometheus metrics: exposition, its cache, the HTTP endpoint and the textfile publisher."""

@@ -1,0 +1,1 @@
+"""The boot path around edge.boot: stages, timeline, engine chain, snapshot point, fallback, launch."""

@@ -1,0 +1,100 @@
+"""How boot runs its stages: timed, named after their function, failures turned into BootError.
+
+:meth:`Stages.run` names a stage after the function it calls (``fn.__name__``), so the name in
+the timeline is the name to grep for; nothing can drift apart. :class:`Task` runs a chain of
+stages on its own thread; :class:`Handoff` passes one value between the boot's threads.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from edge.errors import BootError, EdgeError, ErrorCode
+from edge.runtime.timeline import Timeline
+
+__all__ = ["Stages", "Task", "Handoff", "Cancelled", "stage_error"]
+
+
+class Stages:
+    """Runs each stage inside the timeline and turns failures into BootError."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+
+    def run(self, fn, *args, setting, **info):
+        """``fn(*args)`` as the stage ``fn.__name__``; ``setting`` names what to change if it fails:
+        a string, or a function that returns it, called only then (a text that costs a stat or an
+        import is paid by a failed boot alone)."""
+        name = fn.__name__
+        try:
+            with self.timeline.stage(name, **info):
+                return fn(*args)
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise stage_error(name, exc, setting) from exc
+
+
+def stage_error(stage: str, exc: BaseException, setting) -> BootError:
+    """``exc`` as a BootError of ``stage``: the boot stage's name wins over a library's own
+    label, so the timeline, the log and systemd's status all name the same stage. ``setting``:
+    a string, or a function that returns one (:meth:`Stages.run`)."""
+    if callable(setting):
+        try:
+            setting = setting()
+        except Exception as err:  # noqa: BLE001 - the advice must never hide the stage's own error
+            setting = f"(no advice: {type(err).__name__}: {err})"
+    if isinstance(exc, BootError):
+        exc.stage = stage
+        exc.setting = setting if not exc.setting or exc.setting in setting else f"{setting}; {exc.setting}"
+        return exc
+    code = exc.code if isinstance(exc, EdgeError) else ErrorCode.BOOT_STAGE_FAILED
+    return BootError(f"{type(exc).__name__}: {exc}", code, stage=stage, setting=setting)
+
+
+class Task(threading.Thread):
+    """``fn()`` on its own thread; ``result()`` joins and re-raises its error."""
+
+    def __init__(self, name: str, fn) -> None:
+        super().__init__(name=f"boot-{name}", daemon=True)
+        self._fn = fn
+        self.value = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.value = self._fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Handoff:
+    """One value passed from one boot thread to another, or word that it never will be."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value = None
+
+    def put(self, value) -> None:
+        self._value = value
+        self._done.set()
+
+    def cancel(self) -> None:
+        self._done.set()
+
+    def get(self):
+        self._done.wait()
+        if self._value is None:
+            raise Cancelled()
+        return self._value
+
+
+class Cancelled(Exception):
+    """The main thread failed first; its error is the one reported."""

@@ -1,0 +1,1 @@
+"""Signed updates on the device: the archive reader and the A/B installer."""
