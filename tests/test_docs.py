@@ -4,7 +4,7 @@
   parsers now (a flag added without ``python -m image.docs_options --write`` fails here), and
   every command (console script, module building an ArgumentParser) is in it.
 * Every ``EDGE_*`` name the runtime's code (edge/) uses is a key of
-  ``edge.config.settings.ENVIRONMENT``; every other ``EDGE_*`` name in the repository is one of
+  ``edge.config.env.ENVIRONMENT``; every other ``EDGE_*`` name in the repository is one of
   ``image.docs_options.NOT_RUNTIME`` (launcher, unit and build-host names, each with its reason).
 * Every relative link and ``.md`` path in README.md and docs/*.md resolves to a file in the
   repository (and a ``#fragment`` to a heading there); each file README's command table names
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.config.settings import ENVIRONMENT
+from edge.config.env import ENVIRONMENT
 from image import docs_options as D
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,9 +134,9 @@ def test_every_command_is_in_the_generator():
     scripts = re.search(r"^\[project\.scripts\]\n(.*?)(?:^\[|\Z)", pyproject, flags=re.S | re.M).group(1)
     for name, target in re.findall(r'^([\w.-]+)\s*=\s*"([\w.]+):main"', scripts, flags=re.M):
         if name == "edge":
-            continue  # edge.cli: its serve subcommand is edge.config.settings' parser; both are listed
+            continue  # edge.cli: its serve subcommand is edge.runtime.serve_args' parser; both are listed
         assert target in modules, f"console script {name} ({target}) is not in image.docs_options.COMMANDS"
-    assert {"edge.cli", "edge.config.settings"} <= modules
+    assert {"edge.cli", "edge.runtime.serve_args"} <= modules
     for top in ("edge", "image", "bench"):
         for path in _py_files(top):
             if "ArgumentParser(" not in path.read_text():
@@ -187,7 +187,7 @@ def test_runtime_names_are_in_environment():
         for name in VARIABLE.findall(path.read_text()):
             used.setdefault(name, str(path.relative_to(REPO)))
     missing = {n: f for n, f in used.items() if n not in ENVIRONMENT}
-    assert not missing, f"EDGE_* names in edge/ that edge.config.settings.ENVIRONMENT does not list: {missing}"
+    assert not missing, f"EDGE_* names in edge/ that edge.config.env.ENVIRONMENT does not list: {missing}"
     assert not set(ENVIRONMENT) & set(D.NOT_RUNTIME), set(ENVIRONMENT) & set(D.NOT_RUNTIME)
 
 
@@ -200,7 +200,7 @@ def test_every_edge_name_in_the_repository_is_documented():
         for name in VARIABLE.findall(text):
             found.setdefault(name, str(path.relative_to(REPO)))
     unknown = {n: f for n, f in found.items() if n not in ENVIRONMENT and n not in D.NOT_RUNTIME}
-    assert not unknown, (f"EDGE_* names that are neither in edge.config.settings.ENVIRONMENT nor in "
+    assert not unknown, (f"EDGE_* names that are neither in edge.config.env.ENVIRONMENT nor in "
                          f"image.docs_options.NOT_RUNTIME (with the reason): {unknown}")
     generated = {"docs/commands.md", "image/docs_options.py"}
     for name in D.NOT_RUNTIME:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from edge.commands import top as T
+from edge.commands import top_model as M
 from edge.serving.metrics import LATENCY_BOUNDS_MS, Histogram
 
 try:
@@ -77,7 +78,7 @@ def two_snapshots(telemetry=None) -> tuple[dict, dict]:
     return a, b
 
 
-def text_of(view: T.View, width: int = 120) -> str:
+def text_of(view: M.View, width: int = 120) -> str:
     console = Console(record=True, width=width)
     console.print(render(view))
     return console.export_text()
@@ -90,8 +91,8 @@ def test_quantile_matches_the_servers_histogram():
     rng = random.Random(15)
     for _ in range(200):
         h = hist([rng.choice([0.05, 0.3, 4.0, 77.0, 20000.0]) * rng.random() for _ in range(rng.randint(0, 40))])
-        for q in T.QUANTILES:
-            assert T.quantile(BOUNDS, h.counts, q, h.max) == h.quantile(q)
+        for q in M.QUANTILES:
+            assert M.quantile(BOUNDS, h.counts, q, h.max) == h.quantile(q)
 
 
 def test_interval_percentiles_are_those_of_the_interval_alone():
@@ -102,23 +103,23 @@ def test_interval_percentiles_are_those_of_the_interval_alone():
     first = h.snapshot()
     for v in during:
         h.observe(v)
-    got = T.interval_histogram(first, h.snapshot())
+    got = M.interval_histogram(first, h.snapshot())
     alone = hist(during)
     assert (got.p50, got.p95, got.p99, got.count) == (alone.quantile(0.5), alone.quantile(0.95),
                                                       alone.quantile(0.99), 37)
-    assert T.interval_histogram(None, h.snapshot()) == T.Latency()
-    assert T.interval_histogram(first, first) == T.Latency(count=0)
+    assert M.interval_histogram(None, h.snapshot()) == M.Latency()
+    assert M.interval_histogram(first, first) == M.Latency(count=0)
 
 
 def test_rates_fill_and_padding_over_the_interval():
     a, b = two_snapshots()
-    v = T.build_view(a, b, 2.4, ADDRESS)
+    v = M.build_view(a, b, 2.4, ADDRESS)
     assert v.interval_s == 2.0  # the server's uptime delta, not the client's 2.4 s
     assert (v.requests, v.texts, v.batches, v.errors) == (140, 420, 85, 3)
     assert v.requests_per_s == 20.0 and v.texts_per_s == 60.0 and v.batches_per_s == 5.0 and v.errors_per_s == 1.5
-    assert v.latency["queue"] == T.Latency(1.0, 50.0, 50.0, 140)  # since boot: the server's own p50/p95/p99
-    assert v.latency_interval["queue"] == T.Latency(50.0, 50.0, 50.0, 40)
-    assert v.latency_interval["compute"] == T.Latency(2.0, 2.0, 2.0, 10)
+    assert v.latency["queue"] == M.Latency(1.0, 50.0, 50.0, 140)  # since boot: the server's own p50/p95/p99
+    assert v.latency_interval["queue"] == M.Latency(50.0, 50.0, 50.0, 40)
+    assert v.latency_interval["compute"] == M.Latency(2.0, 2.0, 2.0, 10)
     assert v.latency_interval["total"].count == 40
     assert v.texts_per_batch == pytest.approx((100 + 100 + 80) / 85)
     assert v.texts_per_batch_interval == 8.0 and v.max_batch == 8
@@ -126,7 +127,7 @@ def test_rates_fill_and_padding_over_the_interval():
     assert v.fill_interval == 1.0  # 80 texts in 10 batches of 8 rows
     assert v.padding_efficiency == 0.5876 and v.padding_efficiency_interval == pytest.approx(600 / 640)
     rows = {r.bucket: r for r in v.buckets}
-    assert rows[8] == T.BucketRow(8, 8, 70, 280, 0.5, 1.0, 1400 / 2240, None)
+    assert rows[8] == M.BucketRow(8, 8, 70, 280, 0.5, 1.0, 1400 / 2240, None)
     assert rows[32].fill == 1.0 and rows[32].fill_interval is None  # no batch in the interval
     assert v.lineage == {"model": "all-MiniLM-L6-v2", "engine": "onnxruntime", "device": "cuda",
                          "edge_version": "0.1.0", "bundle": "bbbbbbbbbbbb", "package": "9f9f9f9f9f9f"}
@@ -136,18 +137,18 @@ def test_rates_fill_and_padding_over_the_interval():
 def test_first_poll_and_restart_have_no_rates():
     a, b = two_snapshots()
     for prev, cur in ((None, b), (b, a)):  # b then a: uptime went back, the server restarted
-        v = T.build_view(prev, cur, 2.0, ADDRESS)
+        v = M.build_view(prev, cur, 2.0, ADDRESS)
         assert v.interval_s is None and v.requests_per_s is None and v.fill_interval is None
-        assert v.latency_interval["total"] == T.Latency() and v.requests == cur["requests"]["infer"]
+        assert v.latency_interval["total"] == M.Latency() and v.requests == cur["requests"]["infer"]
     no_uptime = [{k: x for k, x in s.items() if k != "uptime_s"} for s in (a, b)]
-    assert T.build_view(*no_uptime, 4.0, ADDRESS).requests_per_s == 10.0  # then the client's clock
+    assert M.build_view(*no_uptime, 4.0, ADDRESS).requests_per_s == 10.0  # then the client's clock
 
 
 @needs_rich
 def test_an_empty_or_odd_reply_does_not_break_the_view():
     for cur in ({}, {"latency_ms": {"queue": None}, "batches": {"sizes": {"x": "y"}, "by_bucket": {"8": 3}},
                      "telemetry": "off", "lineage": None, "queue": [1]}):
-        v = T.build_view(cur, cur, 1.0, ADDRESS)
+        v = M.build_view(cur, cur, 1.0, ADDRESS)
         assert v.requests == 0 and v.texts_per_batch is None
         assert "—" in text_of(v)
 
@@ -168,26 +169,26 @@ DISCRETE = {"gpu": None, "thermal_c": None, "power": None, "memory": {"total_byt
 
 
 def test_telemetry_is_read_defensively():
-    assert T.device_view(None) == T.DeviceView()
-    assert T.device_view({}) == T.DeviceView(present=True)
-    j = T.device_view(JETSON)
+    assert M.device_view(None) == M.DeviceView()
+    assert M.device_view({}) == M.DeviceView(present=True)
+    j = M.device_view(JETSON)
     assert (j.gpu_load_pct, j.gpu_clock_mhz, j.cpu_load_pct, j.power_mode) == (37.0, 918.0, 12.5, "MAXN")
     assert j.temperatures_c == {"gpu-thermal": 41.5, "cpu-thermal": 44.0}
     assert j.power_total_w == 6.2 and j.power_w == {"VDD_CPU_GPU_CV": 2.1}  # VDD_IN is the total; SOC unread
     assert (j.memory_used_bytes, j.memory_total_bytes) == (3 << 30, 8 << 30)
     assert j.gpu_memory_used_bytes is None and j.pending is None
-    d = T.device_view(DISCRETE)
+    d = M.device_view(DISCRETE)
     assert (d.gpu_load_pct, d.gpu_clock_mhz, d.power_total_w, d.temperatures_c) == (80.0, 1980, 300.5, {"gpu": 35.0})
     assert (d.gpu_memory_used_bytes, d.gpu_memory_total_bytes) == (20 << 30, 141 << 30)
     assert (d.memory_used_bytes, d.memory_total_bytes, d.cpu_load_pct) == (None, 64 << 30, None)
-    odd = T.device_view({"gpu": {"load_pct": True}, "power": [1], "thermal_c": {"x": "hot"}, "nvml": [None],
+    odd = M.device_view({"gpu": {"load_pct": True}, "power": [1], "thermal_c": {"x": "hot"}, "nvml": [None],
                          "memory": {"used_bytes": "3G"}, "pending": "no sample yet"})
-    assert odd == T.DeviceView(pending="no sample yet", present=True)
+    assert odd == M.DeviceView(pending="no sample yet", present=True)
 
 
 def test_telemetry_of_this_host_reads():
     sampler = pytest.importorskip("edge.observability.telemetry.sampler")
-    d = T.device_view(sampler.read_all("/", jtop=None, nvml=None))
+    d = M.device_view(sampler.read_all("/", jtop=None, nvml=None))
     assert d.present and d.pending is None
     assert d.memory_total_bytes and d.memory_total_bytes > 0  # /proc/meminfo is on every Linux
 
@@ -195,7 +196,7 @@ def test_telemetry_of_this_host_reads():
 def test_queue_depth_per_bucket_when_the_server_sends_it():
     a, b = two_snapshots()
     b["queue"]["by_bucket"] = {"8": 3, "32": {"texts": 2}}
-    assert [r.queued for r in T.build_view(a, b, 2.0, ADDRESS).buckets] == [3, 2]
+    assert [r.queued for r in M.build_view(a, b, 2.0, ADDRESS).buckets] == [3, 2]
 
 
 # ------------------------------------------------------------------ rendering
@@ -204,7 +205,7 @@ def test_queue_depth_per_bucket_when_the_server_sends_it():
 @needs_rich
 def test_render_shows_the_numbers():
     a, b = two_snapshots(telemetry=JETSON)
-    text = text_of(T.build_view(a, b, 2.0, ADDRESS))
+    text = text_of(M.build_view(a, b, 2.0, ADDRESS))
     lines = text.splitlines()
     assert ADDRESS in lines[0] and "ready" in lines[0] and "up 0:00:12" in lines[0] and "last 2.0 s" in lines[0]
     assert "all-MiniLM-L6-v2" in text and "onnxruntime" in text and "bundle bbbbbbbbbbbb" in text
@@ -220,17 +221,17 @@ def test_render_shows_the_numbers():
     assert re.search(r"memory\s+3\.0 GiB / 8\.0 GiB", text) and "GPU memory" not in text  # unified on a Jetson
     assert "6.20 W  (VDD_CPU_GPU_CV 2.10 W)  mode MAXN" in text
     assert "gpu-thermal 41.5 °C  cpu-thermal 44.0 °C" in text
-    text = text_of(T.build_view(a, {**b, "telemetry": DISCRETE}, 2.0, ADDRESS))
+    text = text_of(M.build_view(a, {**b, "telemetry": DISCRETE}, 2.0, ADDRESS))
     assert re.search(r"GPU memory\s+20\.0 GiB / 141\.0 GiB", text) and re.search(r"power\s+300\.50 W", text)
     assert re.search(r"memory\s+— / 64\.0 GiB", text)
-    text = text_of(T.build_view(a, {**b, "telemetry": {"interval_s": 5.0, "pending": "no sample yet"}}, 2.0, ADDRESS))
+    text = text_of(M.build_view(a, {**b, "telemetry": {"interval_s": 5.0, "pending": "no sample yet"}}, 2.0, ADDRESS))
     assert "device (no sample yet)" in text and re.search(r"GPU load\s+—", text)
 
 
 @needs_rich
 def test_render_without_telemetry_and_at_80_columns():
     a, b = two_snapshots()
-    text = text_of(T.build_view(a, b, 2.0, ADDRESS), width=80)
+    text = text_of(M.build_view(a, b, 2.0, ADDRESS), width=80)
     assert "device (stats carry no telemetry)" in text
     assert re.search(r"GPU load\s+—", text) and re.search(r"temperatures\s+—", text)
     assert re.search(r"infer requests\s+140\s+20\.0", text)  # nothing cut at 80 columns
@@ -240,11 +241,11 @@ def test_render_without_telemetry_and_at_80_columns():
 @needs_rich
 def test_render_says_when_the_server_does_not_answer():
     a, b = two_snapshots()
-    last = T.build_view(a, b, 2.0, ADDRESS)
-    for view in (T.no_answer_view(ADDRESS, None, f"no answer from {ADDRESS} (retrying): no reply within 5 s"),
-                 T.no_answer_view(ADDRESS, last, f"no answer from {ADDRESS} (retrying): no reply within 5 s")):
+    last = M.build_view(a, b, 2.0, ADDRESS)
+    for view in (M.no_answer_view(ADDRESS, None, f"no answer from {ADDRESS} (retrying): no reply within 5 s"),
+                 M.no_answer_view(ADDRESS, last, f"no answer from {ADDRESS} (retrying): no reply within 5 s")):
         assert f"no answer from {ADDRESS} (retrying)" in text_of(view)
-    kept = T.no_answer_view(ADDRESS, last, "x")
+    kept = M.no_answer_view(ADDRESS, last, "x")
     assert kept.requests == 140 and kept.requests_per_s is None and kept.interval_s is None and not kept.answered
     text = text_of(kept)  # the last numbers since boot stay; nothing claims to be of the last interval
     assert re.search(r"infer requests\s+140\s+—", text) and re.search(r"batch fill\s+55%\s+—", text)

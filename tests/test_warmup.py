@@ -6,7 +6,7 @@ import pytest
 from edge import warmup
 from edge.engines.device import device_kind
 from edge.serving.shapes import BatchShapes
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 
 SERVING = {
     "buckets": [16, 32, 64, 128, 256],

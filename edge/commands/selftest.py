@@ -99,7 +99,7 @@ def add_arguments(p) -> None:
     p.add_argument("--allow-missing-reference", action="store_true",
                    help="pass the reference check when the package has no stored reference (packages built "
                         "before it); without it such a package fails")
-    from edge.cli import positive_number
+    from edge.config.argtypes import positive_number
 
     p.add_argument("--budget-ms", type=positive_number("ms"), default=None, metavar="MS",
                    help="boot budget, exec to ready in ms (default: the package's selftest.boot_budget_ms, "

@@ -12,7 +12,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from edge.commands.top import HISTOGRAMS, View
+from edge.commands.top_model import HISTOGRAMS, View
 
 __all__ = ["render", "ABSENT"]
 

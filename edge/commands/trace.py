@@ -69,10 +69,11 @@ def _report(skipped) -> None:
 
 
 def _dirs(args) -> tuple[str | None, str]:
-    from edge.observability.journal.options import env_setting, journal_dir, rejected_dir, state_dir
+    from edge.config.env import env_value
+    from edge.observability.journal.options import journal_dir, rejected_dir, state_dir
 
     state = state_dir(args.state_dir)
-    return journal_dir(args.journal_dir or env_setting("EDGE_JOURNAL_DIR"), state), rejected_dir(state)
+    return journal_dir(args.journal_dir or env_value("EDGE_JOURNAL_DIR"), state), rejected_dir(state)
 
 
 def _decoded(data: bytes):

@@ -21,7 +21,7 @@ import time
 from ctypes import POINTER, byref, c_char_p, c_int64, c_size_t, c_void_p
 from typing import TYPE_CHECKING
 
-from edge.engines import check_batch
+from edge.engines.base import check_batch
 from edge.engines.ort_capi import (
     ALLOCATOR_ARENA,
     LOGGING_ERROR,

@@ -182,7 +182,7 @@ class OrtError(Exception):
 
 def find_library() -> Path:
     """``$EDGE_ORT_LIBRARY``, else the C library inside the installed onnxruntime wheel."""
-    from edge.config.settings import ort_library_override
+    from edge.config.env import ort_library_override
 
     explicit = ort_library_override()
     if explicit:

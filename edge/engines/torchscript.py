@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from edge.engines import check_batch
+from edge.engines.base import check_batch
 from edge.errors import EngineError, ErrorCode
 from edge.preload.weights import WeightMap, map_weights
 

@@ -191,7 +191,7 @@ def client_curve(address: str, server_key: str | None, client_key: str | None,
                  env: dict | None = None) -> ClientCurve | None:
     """A command-line client's keys: the flags, else ``EDGE_SERVER_KEY`` / ``EDGE_CLIENT_KEY``;
     None when neither names any. KeyFileError says which flag or variable to change."""
-    from edge.config.settings import client_key_files
+    from edge.config.env import client_key_files
 
     env_server, env_client = client_key_files(env)
     given = [(server_key, "--server-key"), (client_key, "--client-key")]

@@ -94,7 +94,7 @@ def normalize_address(text: str, *, bind: bool = False) -> str:
 
 def default_address(env: dict | None = None) -> str:
     """``$EDGE_ADDRESS``, else ``ipc://$XDG_RUNTIME_DIR/edge/edge.sock``, else ``ipc:///run/edge/edge.sock``."""
-    from edge.config.settings import env_address
+    from edge.config.env import env_address
 
     env = os.environ if env is None else env
     if env_address(env):

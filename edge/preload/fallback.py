@@ -20,16 +20,15 @@ reader turns into :class:`edge.errors.PackageError`).
 
 Here only reading and resolving; the breaker loads the fallback. Apart from
 ``edge/preload/manifest.py`` (which re-exports :class:`FallbackSpec`) to keep each module
-under ~400 lines; this module imports the manifest's only inside :func:`resolve_fallback`.
+under ~400 lines; where the block leads is :mod:`edge.preload.fallback_package`, above the manifest reader.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from edge.preload.schema import FrozenRecord, Invalid, dict_of, one_of, sha256_hex, string
 
-__all__ = ["FallbackSpec", "FALLBACK_KINDS", "FALLBACK_ENGINES", "FALLBACK_DEVICES", "resolve_fallback"]
+__all__ = ["FallbackSpec", "FALLBACK_KINDS", "FALLBACK_ENGINES", "FALLBACK_DEVICES"]
 
 FALLBACK_KINDS = ("package", "device")
 FALLBACK_ENGINES = ("onnxruntime", "torchscript")
@@ -88,45 +87,3 @@ class FallbackSpec(FrozenRecord):
     def to_dict(self) -> dict:
         """The block as the manifest holds it (what ``image/quantize.py`` writes)."""
         return {n: getattr(self, n) for n in self.__slots__ if getattr(self, n) is not None}
-
-
-def resolve_fallback(pkg, verify: str = "none") -> tuple[Path, str, str] | None:
-    """(package directory, engine, device) of ``pkg``'s fallback; None when it names none.
-
-    Kind ``device``: ``pkg``'s own directory. Kind ``package``: the subdirectory, opened as a
-    package with ``verify`` ("none": its manifest and the manifest's own hash only, about a
-    millisecond; "size" / "full" check the files ``engine`` needs as a boot would), its identity
-    checked against the pin, and its tokenizer and output width against ``pkg``'s: the breaker
-    hands it requests already tokenized by the primary's tokenizer, and replies of the same width.
-    Raises :class:`edge.errors.PackageError` whose ``file`` is relative to ``pkg`` (e.g.
-    ``fallback/model.ort``) and whose ``setting`` names the manifest field.
-    """
-    spec = pkg.manifest.fallback
-    if spec is None:
-        return None
-    if spec.kind == "device":
-        pkg.engine_files(spec.engine, spec.device)  # the manifest reader checked it; cheap to say so here
-        return Path(pkg.root), spec.engine, spec.device
-    from edge.errors import ErrorCode, PackageError
-    from edge.preload.manifest import MANIFEST_NAME, open_package
-
-    root = Path(pkg.root) / spec.path
-
-    def refuse(message: str, code: ErrorCode, file: str = MANIFEST_NAME, setting: str = "fallback") -> PackageError:
-        return PackageError(f"fallback package {root}: {message}", code, file=f"{spec.path}/{file}", setting=setting)
-
-    try:
-        sub = open_package(root, verify=verify, engine=spec.engine)
-        sub.engine_files(spec.engine, spec.device)
-    except PackageError as exc:
-        raise refuse(str(exc), exc.code, exc.file or MANIFEST_NAME) from None
-    m, top = sub.manifest, pkg.manifest
-    if m.package_sha256 != spec.package_sha256:
-        raise refuse(f"its package_sha256 {m.package_sha256[:16]}... is not the {spec.package_sha256[:16]}... "
-                     f"this package pins (replaced or edited)", ErrorCode.PACKAGE_HASH_MISMATCH,
-                     setting="fallback.package_sha256")
-    if m.tokenizer_sha256 != top.tokenizer_sha256 or m.output_dim != top.output_dim:
-        raise refuse(f"its tokenizer or output width (tokenizer {str(m.tokenizer_sha256)[:16]}..., {m.output_dim} "
-                     f"values) differs from this package's ({str(top.tokenizer_sha256)[:16]}..., {top.output_dim})",
-                     ErrorCode.PACKAGE_INVALID)
-    return root, spec.engine, spec.device

@@ -30,7 +30,7 @@ from edge.errors import ErrorCode, PackageError
 from edge.preload.fallback import FallbackSpec
 from edge.preload.schema import FrozenRecord, Invalid, Record, dict_of, integer, list_of, one_of, sha256_hex, string
 from edge.preload.selftest_reference import SelftestReference
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 
 __all__ = [
     "FORMAT_VERSION",

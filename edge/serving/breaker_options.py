@@ -1,42 +1,24 @@
 """``edge serve``'s flags for the circuit breaker, its fallback and fault injection
-(docs/breaker.md), added to the serve parser by :func:`edge.config.settings.serve_parser`, with the
-``EDGE_*`` variables they read (merged into :data:`edge.config.settings.ENVIRONMENT`).
+(docs/breaker.md), added to the serve parser by :func:`edge.runtime.serve_args.serve_parser`; the
+``EDGE_*`` variables they read are in :data:`edge.config.env.ENVIRONMENT`.
 
 Imported at boot by the serve parser: standard library only.
 """
 
 from __future__ import annotations
 
-__all__ = ["ENVIRONMENT", "DEFAULT_THRESHOLD", "DEFAULT_COOLDOWN_S", "DEFAULT_PROBES", "add_serve_arguments"]
+from edge.config.argtypes import number
+
+__all__ = ["DEFAULT_THRESHOLD", "DEFAULT_COOLDOWN_S", "DEFAULT_PROBES", "add_serve_arguments"]
 
 DEFAULT_THRESHOLD = 5  # consecutive requests that miss their deadline or fail in the engine: the source design's
 DEFAULT_COOLDOWN_S = 30.0  # open this long before a probe goes to the primary (s)
 DEFAULT_PROBES = 3  # consecutive probe requests served in time to close again
 
-ENVIRONMENT = {
-    "EDGE_BREAKER_THRESHOLD": "edge serve --breaker-threshold",
-    "EDGE_BREAKER_COOLDOWN_S": "edge serve --breaker-cooldown",
-    "EDGE_BREAKER_PROBES": "edge serve --breaker-probes",
-    "EDGE_FALLBACK": "edge serve --fallback (auto: the package's declared fallback; off: none)",
-    "EDGE_FAULT_ENGINE_DELAY_MS": "edge serve --fault-engine-delay-ms (testing: delay every primary engine run)",
-    "EDGE_FAULT_ENGINE_ERROR_RATE": "edge serve --fault-engine-error-rate (testing: fail this share of primary runs)",
-}
 
 
 def _bounded(kind, low: float, high: float, env_name: str, what: str):
-    import argparse
-
-    def convert(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            v = None
-        if v is None or not low <= v <= high:
-            raise argparse.ArgumentTypeError(f"{text!r}: give {what} from {low:g} to {high:g} "
-                                             f"(from the flag or {env_name})")
-        return v
-
-    return convert
+    return number(kind, what, ok=lambda v: low <= v <= high, rule=f"{what} from {low:g} to {high:g}", env_name=env_name)
 
 
 def add_serve_arguments(p, e) -> None:

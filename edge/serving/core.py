@@ -26,7 +26,7 @@ from edge.serving.request import Cancel, Request
 from edge.serving.scheduler import BucketScheduler
 from edge.serving.shapes import BatchShapes
 from edge.serving.tokenize_stage import TokenizeStage
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 from edge.warmup import preallocate
 
 __all__ = ["ServingCore"]

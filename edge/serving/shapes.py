@@ -1,6 +1,6 @@
 """Batch shapes: the one answer to "which bucket, how many rows, which warmed size".
 
-Derived once from :class:`edge.config.settings.ServingSettings`, the model's maximum length and the
+Derived once from :class:`edge.preload.serving_settings.ServingSettings`, the model's maximum length and the
 device kind. Admission asks it for a text's bucket, the scheduler for the rows of a batch,
 warm-up and preallocation for the shapes to warm and the buffers to make, the engine loop for
 the row count to pad a batch to. Immutable after construction, so every thread may read it.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 
 __all__ = ["BatchShapes"]
 

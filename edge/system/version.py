@@ -83,9 +83,9 @@ def git_commit(top: str) -> str | None:
 
 def code_commit(env: dict | None = None, package_dir: str = _PACKAGE) -> str | None:
     """The commit this code was built from (see the module docstring), or None."""
-    from edge.observability.journal.options import env_setting
+    from edge.config.env import env_value
 
-    given = env_setting("EDGE_CODE_COMMIT", env)
+    given = env_value("EDGE_CODE_COMMIT", env)
     if given:
         return given.strip()[:64]
     info = _read(os.path.join(package_dir, "_build_info.json"))

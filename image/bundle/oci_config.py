@@ -97,7 +97,7 @@ def _mounts(socket_dir_host: str) -> list[dict]:
 
 def add_metrics_dir(config: dict, metrics_dir_host: str | None) -> None:
     """Bind ``metrics_dir_host`` on :data:`CONTAINER_METRICS_DIR` (read-write, as the socket directory)
-    and have the runtime write its textfile there (``EDGE_METRICS_TEXTFILE``, edge/config/settings.py).
+    and have the runtime write its textfile there (``EDGE_METRICS_TEXTFILE``, edge/runtime/serve_args.py).
     Nothing when ``metrics_dir_host`` is None (no ``--metrics-dir``)."""
     if metrics_dir_host is None:
         return

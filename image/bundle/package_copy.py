@@ -29,7 +29,7 @@ import os
 import shutil
 from pathlib import Path
 
-from edge.preload.fallback import resolve_fallback
+from edge.preload.fallback_package import resolve_fallback
 from edge.preload.manifest import MANIFEST_NAME, open_package
 from image.bundle.rootfs import PACKAGE_PATH, Rootfs
 

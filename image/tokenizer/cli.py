@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edge.config.argtypes import number, positive_int
 from edge.errors import EdgeError, ErrorCode
 from image.bundle.progress import stop_signals
-from image.cli_checks import positive_int
 
 __all__ = ["main", "EXIT_CODES"]
 
@@ -149,14 +149,7 @@ def _encode(args) -> int:
     return 0
 
 
-def _held_out(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: give a share from 0 (none) up to, not including, 1")
-    return value
+_held_out = number(float, "a number", ok=lambda v: 0.0 <= v < 1.0, rule="a share from 0 (none) up to, not including, 1")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -36,7 +36,7 @@ def test_describe_counts_buckets_and_truncation(minilm_package):
     from edge.preload.manifest import open_package
     from edge.preload.tokenizer import Tokenizer
     from edge.serving.shapes import BatchShapes
-    from edge.config.settings import ServingSettings
+    from edge.preload.serving_settings import ServingSettings
 
     pkg = open_package(minilm_package, verify="size")
     tok = Tokenizer.open(pkg.path(pkg.manifest.tokenizer))

@@ -40,7 +40,7 @@ def test_k8s_manifests_validate_against_the_current_schema():
     assert pod["runtimeClassName"] == "nvidia" and pod["nodeSelector"]
     for probe in ("readinessProbe", "livenessProbe"):
         assert edge[probe]["exec"]["command"][:4] == ["python", "-m", "edge.cli", "health"]
-    from edge.config.settings import serve_parser
+    from edge.runtime.serve_args import serve_parser
     drain = serve_parser(env={}).parse_args([]).drain_timeout
     assert pod["terminationGracePeriodSeconds"] > drain
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}

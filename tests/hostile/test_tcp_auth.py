@@ -33,7 +33,7 @@ from edge.ipc.curve import ClientCurve, KeyFileError, ServerCurve, client_curve,
 from edge.ipc.server import IpcServer  # noqa: E402
 from edge.commands.keys import KeysError, generate  # noqa: E402
 from edge.serving.core import ServingCore  # noqa: E402
-from edge.config.settings import parse_serve_args  # noqa: E402
+from edge.runtime.serve_args import parse_serve_args  # noqa: E402
 
 REFUSED_S = 0.5  # how long a refused client waits for the reply that never comes (s)
 EDGE = [sys.executable, "-m", "edge.cli"]

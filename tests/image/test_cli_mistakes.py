@@ -113,37 +113,37 @@ def test_bundle_build_out_under_a_file(tmp_path):
 
 
 def test_package_out_that_cannot_be_created():
-    r = _run("image.package", "build", "--out", "/proc/edge-test-package")
+    r = _run("image.package_cli", "build", "--out", "/proc/edge-test-package")
     _refused(r, 2, "cannot create a directory in /proc")
     assert "give an --out on a writable filesystem" in r.stderr
 
 
 def test_package_out_under_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
-    _refused(_run("image.package", "build", "--out", str(tmp_path / "f" / "pkg")), 2, "is a file, not a directory")
+    _refused(_run("image.package_cli", "build", "--out", str(tmp_path / "f" / "pkg")), 2, "is a file, not a directory")
 
 
 def test_package_out_that_is_another_directory_is_not_replaced(tmp_path):
     (tmp_path / "notes.txt").write_text("mine\n")
-    _refused(_run("image.package", "build", "--out", str(tmp_path)), 2, "is a directory that is not a model package")
+    _refused(_run("image.package_cli", "build", "--out", str(tmp_path)), 2, "is a directory that is not a model package")
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
 
 
 def test_package_missing_corpus_is_named_before_the_build(tmp_path):
     corpus = tmp_path / "nonexistent.txt"
-    r = _run("image.package", "build", "--out", str(tmp_path / "pkg"), "--prune-corpus", str(corpus))
+    r = _run("image.package_cli", "build", "--out", str(tmp_path / "pkg"), "--prune-corpus", str(corpus))
     _refused(r, 2, f"--prune-corpus {corpus}: no such file")
     assert "edge-package: [1/7]" not in r.stderr  # refused before the build began
     assert not (tmp_path / "pkg").exists()
 
 
 def test_package_corpus_that_is_a_directory(tmp_path):
-    r = _run("image.package", "build", "--out", str(tmp_path / "pkg"), "--prune-corpus", str(tmp_path))
+    r = _run("image.package_cli", "build", "--out", str(tmp_path / "pkg"), "--prune-corpus", str(tmp_path))
     _refused(r, 2, "is a directory; give the text files in it")
 
 
 def test_package_help_says_what_the_ort_platform_means_and_the_exit_codes():
-    r = _run("image.package", "build", "--help")
+    r = _run("image.package_cli", "build", "--help")
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
     assert "arm (default, the Jetson)" in text and "not this build host's" in text

@@ -11,7 +11,8 @@ import pytest
 
 from edge.preload.manifest import open_package
 from edge.preload.weights import map_weights
-from image.package import compare_builds, main, source_dir
+from image.package import compare_builds, source_dir
+from image.package_cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
 from sentences import BASE  # noqa: E402

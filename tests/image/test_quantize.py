@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from edge.errors import ErrorCode, PackageError
-from edge.preload.fallback import resolve_fallback
+from edge.preload.fallback_package import resolve_fallback
 from edge.preload.manifest import manifest_digest, open_package
-from image.package import compare_builds, main
+from image.package import compare_builds
+from image.package_cli import main
 from image.quantize import (MIN_COSINE, REPORT_FILE, FallbackMismatch, check_fallback, embed_fallback,
                             fallback_request)
 

@@ -18,7 +18,8 @@ from edge.observability.metrics import publish as MP
 from edge.errors import BootError, ErrorCode
 from edge.observability.metrics.export import registry_for, render
 from edge.observability.metrics.publish import MetricsPublisher, check_metrics_export, write_textfile
-from edge.config.settings import parse_listen, parse_serve_args
+from edge.config.argtypes import parse_listen
+from edge.runtime.serve_args import parse_serve_args
 from metrics_support import promtool_check, samples, scrape_until, value
 
 # ------------------------------------------------------------------ textfile

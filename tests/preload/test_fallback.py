@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from edge.errors import ErrorCode, PackageError
-from edge.preload.fallback import FallbackSpec, resolve_fallback
+from edge.preload.fallback import FallbackSpec
+from edge.preload.fallback_package import resolve_fallback
 from edge.preload.manifest import Manifest, manifest_digest, model_digest, open_package
 from edge.preload.schema import Invalid
 

@@ -1,6 +1,6 @@
 import pytest
 
-from edge.config.settings import ServingSettings as Serving
+from edge.preload.serving_settings import ServingSettings as Serving
 from edge.preload.schema import Invalid, dict_of, integer, one_of, sha256_hex
 
 

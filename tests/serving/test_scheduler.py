@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from edge.serving.request import Request
 from edge.serving.scheduler import BucketScheduler
 from edge.serving.shapes import BatchShapes
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 
 BUCKETS = [16, 32, 64, 128, 256]
 

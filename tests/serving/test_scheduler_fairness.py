@@ -16,7 +16,7 @@ from edge.serving.admission import REQUEST_MAX_TEXTS, Admission
 from edge.serving.request import Request
 from edge.serving.scheduler import PRIORITY_AGE_S, BucketScheduler, connection_of
 from edge.serving.shapes import BatchShapes
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 
 BUCKETS = [16, 32, 64, 128, 256]
 BATCH_S = 0.02  # what each simulated batch costs on the fake clock (s)

@@ -3,7 +3,7 @@
 import pytest
 
 from edge.serving.shapes import BatchShapes
-from edge.config.settings import ServingSettings
+from edge.preload.serving_settings import ServingSettings
 
 BUCKETS = [16, 32, 64, 128, 256]
 

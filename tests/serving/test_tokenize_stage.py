@@ -18,7 +18,7 @@ from edge.serving.metrics import Metrics  # noqa: E402
 from edge.serving.request import Admit, Cancel, Failed, Request  # noqa: E402
 from edge.serving.shapes import BatchShapes  # noqa: E402
 from edge.serving.tokenize_stage import TokenizeStage  # noqa: E402
-from edge.config.settings import ServingSettings  # noqa: E402
+from edge.preload.serving_settings import ServingSettings  # noqa: E402
 from ipc_fakes import FakeTokenizer  # noqa: E402
 
 SETTINGS = {"buckets": [8, 16], "max_batch_size": 4, "max_queue_requests": 8, "max_queue_tokens": 1024,

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from edge.config.settings import DEFAULT_TELEMETRY_INTERVAL_S, ENVIRONMENT, parse_serve_args
+from edge.config.env import DEFAULT_TELEMETRY_INTERVAL_S, ENVIRONMENT
+
+from edge.runtime.serve_args import parse_serve_args
 from edge.observability.telemetry import JtopSource, NvmlSource, Sampler, start_sampler
 from edge.observability.telemetry.sampler import read_all
 

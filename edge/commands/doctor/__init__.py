@@ -60,7 +60,7 @@ def add_arguments(p) -> None:
     p.add_argument("--unit", metavar="NAME", default="edge", help="the systemd unit that runs it (default edge)")
     p.add_argument("--package", metavar="DIR", default=None,
                    help="the package whose selftest.boot_budget_ms is the boot budget (default: the bundle's)")
-    from edge.cli import positive_number
+    from edge.config.argtypes import positive_number
 
     p.add_argument("--budget-ms", type=positive_number("ms"), default=None, metavar="MS",
                    help="boot budget, exec to ready in ms (default: the package's, else 1500)")

@@ -1,5 +1,5 @@
 """Where the journal and the rejected samples live, and how much they may hold: the flags of
-``edge serve`` that :func:`edge.config.settings.serve_parser` adds from here, and the directories
+``edge serve`` that :func:`edge.runtime.serve_args.serve_parser` adds from here, and the directories
 ``edge trace`` reads (docs/trace.md).
 
     <state>/journal/      segment files (--journal-dir moves it; off turns the journal off)
@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENVIRONMENT", "DEFAULT_JOURNAL_MAX_BYTES", "MIN_JOURNAL_MAX_BYTES", "MAX_KEEP_REJECTED", "OFF", "env_setting",
-           "default_state_dir", "state_dir", "journal_dir", "rejected_dir", "parse_bytes", "add_serve_arguments"]
+from edge.config.argtypes import number, parse_bytes
+from edge.config.env import env_value
+
+__all__ = ["DEFAULT_JOURNAL_MAX_BYTES", "MIN_JOURNAL_MAX_BYTES", "MAX_KEEP_REJECTED", "OFF",
+           "default_state_dir", "state_dir", "journal_dir", "rejected_dir", "add_serve_arguments"]
 
 # 256 MiB: about 1.2 million entries of ~210 bytes (one text each), a day at 14 requests/s;
 # docs/trace.md sizes it for a device's own saturation rate. 1/16 of it per segment.
@@ -29,22 +32,6 @@ MIN_JOURNAL_MAX_BYTES = 64 << 10  # below this a segment could not hold a few en
 # two files, each rounded up to a block; edge/observability/journal/rejected.py), counted in the journal's cap.
 MAX_KEEP_REJECTED = 10_000
 OFF = "off"  # --journal-dir off: no journal
-ENVIRONMENT = {  # merged into edge.config.settings.ENVIRONMENT
-    "EDGE_STATE_DIR": "edge serve --state-dir, and where edge trace --state-dir looks by default",
-    "EDGE_JOURNAL_DIR": "edge serve --journal-dir (off: no journal), and edge trace --journal-dir",
-    "EDGE_JOURNAL_MAX_BYTES": "edge serve --journal-max-bytes",
-    "EDGE_KEEP_REJECTED": "edge serve --keep-rejected",
-}
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def env_setting(name: str, env: dict | None = None) -> str | None:
-    """One ``EDGE_*`` variable, refused unless :data:`edge.config.settings.ENVIRONMENT` documents it."""
-    from edge.config.settings import ENVIRONMENT
-
-    if name not in ENVIRONMENT:
-        raise KeyError(f"{name} is not in edge.config.settings.ENVIRONMENT")
-    return (os.environ if env is None else env).get(name) or None
 
 
 def default_state_dir(env: dict | None = None) -> str:
@@ -58,7 +45,7 @@ def default_state_dir(env: dict | None = None) -> str:
 
 
 def state_dir(given: str | None = None, env: dict | None = None) -> str:
-    return given or env_setting("EDGE_STATE_DIR", env) or default_state_dir(env)
+    return given or env_value("EDGE_STATE_DIR", env) or default_state_dir(env)
 
 
 def journal_dir(given: str | None, state: str) -> str | None:
@@ -72,36 +59,11 @@ def rejected_dir(state: str) -> str:
     return os.path.join(state, "rejected")
 
 
-def parse_bytes(text: str) -> int:
-    """``65536``, ``512K``, ``256M``, ``1G`` (binary units, an optional ``iB``/``B``) as bytes."""
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    unit = t[-1:] if t[-1:] in _UNITS else ""
-    number = t[:len(t) - len(unit)].strip()
-    if not number.isdigit():
-        raise ValueError(f"{text!r} is not a size (bytes, or a number with K, M or G)")
-    return int(number) * _UNITS[unit]
-
-
-def _journal_bytes(text: str) -> int:
-    import argparse
-
-    try:
-        n = parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (from the flag or EDGE_JOURNAL_MAX_BYTES)") from None
-    if 0 < n < MIN_JOURNAL_MAX_BYTES:
-        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (no journal) or at least {MIN_JOURNAL_MAX_BYTES >> 10}K "
-                                         f"(from the flag or EDGE_JOURNAL_MAX_BYTES)")
-    return n
-
-
-def _keep(text: str) -> int:
-    import argparse
-
-    if not text.strip().isdigit() or int(text) > MAX_KEEP_REJECTED:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of samples from 0 (none) to "
-                                         f"{MAX_KEEP_REJECTED} (from the flag or EDGE_KEEP_REJECTED)")
-    return int(text)
+_journal_bytes = number(parse_bytes, "a size (bytes, or a number with K, M or G)",
+                        ok=lambda n: n == 0 or n >= MIN_JOURNAL_MAX_BYTES,
+                        rule=f"0 (no journal) or at least {MIN_JOURNAL_MAX_BYTES >> 10}K", env_name="EDGE_JOURNAL_MAX_BYTES")
+_keep = number(int, "a whole number of samples", ok=lambda n: 0 <= n <= MAX_KEEP_REJECTED,
+               rule=f"a whole number of samples from 0 (none) to {MAX_KEEP_REJECTED}", env_name="EDGE_KEEP_REJECTED")
 
 
 def add_serve_arguments(p, e) -> None:

@@ -155,7 +155,7 @@ def start_metrics(args, server: Any, telemetry: Callable[[], dict | None] | None
 
     try:
         from edge.observability.metrics.export import registry_for
-        from edge.config.settings import parse_listen
+        from edge.config.argtypes import parse_listen
 
         publisher = MetricsPublisher(registry_for(server, telemetry), textfile_dir=args.metrics_textfile,
                                      interval_s=args.metrics_interval)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from edge.config.settings import DEFAULT_TELEMETRY_INTERVAL_S as DEFAULT_INTERVAL_S
+from edge.config.env import DEFAULT_TELEMETRY_INTERVAL_S as DEFAULT_INTERVAL_S
 from edge.observability.telemetry.jtop_source import JtopSource
 from edge.observability.telemetry.nvml import NvmlSource
 from edge.observability.telemetry.sysfs import read_cpu, read_cpu_times, read_gpu, read_power, read_process, read_thermal

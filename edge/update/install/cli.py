@@ -7,9 +7,10 @@ so ``edge-bundle build`` does not pay for them.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+from edge.config.argtypes import number
 
 __all__ = ["COMMANDS", "CRASH_POINTS", "EPILOG", "add_parsers", "command"]
 
@@ -29,14 +30,7 @@ status: 0 committed; 1 on trial; 2 rolled back, or broken (nothing installed, cu
 not a slot, the live slot incomplete). 130 interrupted, 143 terminated."""
 
 
-def _bytes(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("a number of bytes is >= 0")
-    return n
+_bytes = number(int, "a number of bytes", ok=lambda n: n >= 0, rule="a number of bytes >= 0")
 
 
 def _root(p) -> None:

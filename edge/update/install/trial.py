@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from edge.config.argtypes import number
 from edge.update.install.layout import DeviceLayout
 
 __all__ = ["EXIT", "needs_attention", "trial_slot", "pre_start", "watch", "on_failure", "main"]
@@ -203,14 +204,7 @@ def _roll_back(layout: DeviceLayout, slot: str, reason: str, unit: str) -> int:
     return EXIT["rolled_back"]
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError("seconds are >= 0")
-    return value
+_seconds = number(float, "a number of seconds", ok=lambda v: v >= 0, rule="seconds >= 0")
 
 
 def main(argv: list[str] | None = None) -> int:
