@@ -64,11 +64,11 @@ def _mkdir(path: str) -> bool:
 
 def _pair(directory: str, name: str) -> tuple[str, str]:
     """A new key pair NAME.key (0644) and NAME.key_secret (0600) in ``directory``."""
-    import zmq.auth
+    from edge.ipc.curve import create_key_files
 
     umask = os.umask(0o077)  # the secret is never readable by others, not even for a moment
     try:
-        public, secret = zmq.auth.create_certificates(directory, name)
+        public, secret = create_key_files(directory, name)
     finally:
         os.umask(umask)
     os.chmod(public, 0o644)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import glob
 import os
 
-__all__ = ["SERVER_PUBLIC", "SERVER_SECRET", "AUTHORIZED", "CLIENTS", "KeyFileError", "is_loopback",
+__all__ = ["SERVER_PUBLIC", "SERVER_SECRET", "AUTHORIZED", "CLIENTS", "KeyFileError", "is_loopback", "create_key_files",
            "load_key_file", "ServerCurve", "server_curve", "ClientCurve", "client_curve"]
 
 SERVER_PUBLIC = "server.key"
@@ -52,6 +52,14 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a name, an interface, "*"
         return False
+
+
+def create_key_files(directory: str, name: str) -> tuple[str, str]:
+    """A new CURVE key pair as zmq.auth writes it: (DIR/NAME.key, DIR/NAME.key_secret); the file
+    modes are the caller's (``edge keys``)."""
+    import zmq.auth
+
+    return zmq.auth.create_certificates(directory, name)
 
 
 def load_key_file(path: str, *, secret: bool, what: str) -> tuple[bytes, bytes | None]:
