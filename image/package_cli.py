@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     BuildSteps.last = ""
     with stop_signals() as stopped:
         try:
-            return _checked_build(out, args)
+            return _checked_build(out, args, stopped)
         except Exception as exc:  # noqa: BLE001 - one message, not a traceback; the type names a bug
             if stopped.signum is not None:  # a child we stopped, failing as it went
                 return _fail(f"{stopped.word}; nothing half-written was left at or beside {out}", stopped.exit_code)
@@ -118,7 +118,16 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"{stopped.word}; nothing half-written was left at or beside {out}", stopped.exit_code or 130)
 
 
-def _checked_build(out: Path, args) -> int:
+def _import_native_modules() -> None:
+    """The build's native extensions (image/package.py and export_model.py import them later, and
+    then find them loaded): their import is where an interrupt must wait (Stopped.held)."""
+    import onnx  # noqa: F401
+    import onnxruntime  # noqa: F401
+    import safetensors  # noqa: F401
+    import torch  # noqa: F401
+
+
+def _checked_build(out: Path, args, stopped) -> int:
     """The inputs checked first (a mistake costs no minute of work), then the build."""
     problem = _out_problem(out) or _corpus_problem(args.prune_corpus or [])
     if problem:
@@ -142,6 +151,8 @@ def _checked_build(out: Path, args) -> int:
     if missing:
         return _fail(f"the build extras are not installed here (missing: {', '.join(missing)}); "
                      f"install them with `pip install 'edge[build]'`", 3)
+    with stopped.held():  # a Ctrl-C inside a native module's initialisation would abort the process
+        _import_native_modules()
     out = build_package(out, **options)
     manifest = json.loads((out / MANIFEST_NAME).read_text())
     summary = {"package": str(out), "name": manifest["name"], "package_sha256": manifest["package_sha256"],

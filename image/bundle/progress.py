@@ -68,6 +68,24 @@ class Stopped:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.holding = False  # inside held(): a signal is noted, raised when the block ends
+        self.deferred: int | None = None
+
+    @contextlib.contextmanager
+    def held(self):
+        """Inside, SIGINT and SIGTERM raise nothing; the first one is raised as the block ends.
+
+        For native modules' imports (torch, onnx, onnxruntime: pybind11). A KeyboardInterrupt
+        raised while their initialisation runs Python code becomes a C++ exception that nothing
+        catches: ``std::terminate``, an abort (-6) and a core instead of a clean exit 130."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.deferred is not None:
+            signum, self.deferred = self.deferred, None
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     @property
     def exit_code(self) -> int | None:
@@ -102,6 +120,9 @@ def stop_signals():
         if stopped.signum is None:
             stopped.signum = signum
             _stop_descendants()
+        if stopped.holding:
+            stopped.deferred = stopped.deferred or signum
+            return
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
