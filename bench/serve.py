@@ -94,7 +94,8 @@ def lone_overhead(c1: dict, engine_ms: dict) -> dict:
 
 def _row(r: dict) -> str:
     lat = r.get("latency_ms", {})
-    f = lambda v, spec: format(v, spec) if isinstance(v, (int, float)) else "-"
+    def f(v, spec):
+        return format(v, spec) if isinstance(v, (int, float)) else "-"
     return (f"{r['mode']:<22s} {f(r.get('offered_per_s'), '8.1f')} {f(r['texts_per_s'], '8.1f')} {f(r.get('ceiling_texts_per_s'), '7.1f')} "
             f"{f(lat.get('min'), '7.1f')} {f(lat.get('p50'), '7.1f')} {f(lat.get('p95'), '7.1f')} {f(lat.get('p99'), '7.1f')} "
             f"{f(r.get('mean_batch'), '6.1f')} {f(r.get('padding_efficiency'), '6.3f')} {f(r.get('engine_busy'), '5.2f')} "
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     from edge.serving.shapes import BatchShapes
 
     started = time.time()
-    say = lambda *a: print(*a, file=sys.stderr, flush=True)  # progress; the report goes to stdout
+    def say(*a):  # progress; the report goes to stdout
+        print(*a, file=sys.stderr, flush=True)
     pkg_dir = Path(args.package) if args.package else ensure_default_package(default_package_dir())
     pkg = open_package(pkg_dir, verify="size")
     shapes = BatchShapes(pkg.manifest.serving, max_seq_length=pkg.manifest.max_seq_length)  # the server's (on a CPU)
@@ -222,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{b}: {v['best_batch']}: {v['texts_per_s']:.1f}" for b, v in ceil["by_bucket"].items()))
     print("lone request, paired, by bucket (served vs engine p50 ms): " + ", ".join(
         f"{b}: {v['served_p50_ms']:.1f} vs {v['engine_p50_ms']:.1f} ({v['overhead_p50_ms']:+.1f})" for b, v in lone["by_bucket"].items()))
-    ok = lambda k: "ok" if passed[k] else "MISSED"
+    def ok(k):
+        return "ok" if passed[k] else "MISSED"
     summary = (
         f"serve {args.engine}/{device}: saturation {saturation:.1f} texts/s ({sat_run['mode']}) = {ratios['vs_ceiling']:.2f}x ceiling "
         f"(goal >= {GOALS['vs_ceiling']}, {ok('vs_ceiling')}; {ratios['vs_ceiling_mix']:.2f}x the mix ceiling {ceil['texts_per_s']:.1f}), "

@@ -118,7 +118,8 @@ def lone_paired(address: str, engine, texts: list[str], ids: list[np.ndarray], b
                            "engine_p50_ms": round(float(np.median([x[1] for x in d])), 2),
                            "overhead_p50_ms": round(float(np.median([x[0] - x[1] for x in d])), 2), "pairs": len(d)}
     diffs = [x[1] - x[2] for x in rows]
-    med = lambda v: round(float(np.median(v)), 3)
+    def med(v):
+        return round(float(np.median(v)), 3)
     return {"overhead_ms": med(diffs), "overhead_ms_p95": round(float(np.percentile(diffs, 95)), 2), "pairs": len(rows),
             # where the time goes, per the server's reply: its engine time vs ours, its queue wait,
             # and everything outside its engine call (socket, tokenization, hand-offs, encoding)

@@ -14,6 +14,7 @@ import json
 import sys
 
 from edge.config.argtypes import positive_number
+from edge.config.command_line import exit_epilog, fail
 
 __all__ = ["main", "EXIT_CODES"]
 
@@ -25,7 +26,7 @@ EXIT_CODES = {
     130: "interrupted (Ctrl-C)",
     143: "terminated (SIGTERM) before the runtime started",
 }
-_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_EPILOG = exit_epilog(EXIT_CODES)
 
 
 _positive_seconds = positive_number("seconds")
@@ -97,8 +98,7 @@ def _print(obj: dict) -> None:
 
 
 def _fail(command: str, message: str, code: int = 2) -> int:
-    sys.stderr.write(f"edge {command}: {message}\n")
-    return code
+    return fail(f"edge {command}", message, code)
 
 
 def _address(args) -> str:

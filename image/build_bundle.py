@@ -46,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from edge.config.command_line import UsageError, exit_epilog
 from edge.errors import PackageError
 from edge.runtime.launch import boot_argv
 from image.bundle import cdi, metrics, oci_config, seccomp, wheel
@@ -337,13 +338,9 @@ EXIT_CODES = {
     130: "interrupted (Ctrl-C): nothing was written, the traced runtime was stopped",
     143: "terminated (SIGTERM): nothing was written, the traced runtime was stopped",
 }
-_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_EPILOG = exit_epilog(EXIT_CODES)
 _MAKE_BUNDLE = "make one with `edge-bundle build --out DIR`"
 _MAKE_PACKAGE = "build one with `edge-package build --out DIR`"
-
-
-class _UsageError(Exception):
-    """A mistake in the command line, found before any work; exit 2 with the message."""
 
 
 def _check_build_args(args) -> None:
@@ -351,27 +348,27 @@ def _check_build_args(args) -> None:
     out = Path(os.path.abspath(args.out))
     if out.exists():
         if not out.is_dir():
-            raise _UsageError(f"--out {out} is a file; give a directory for the bundle")
+            raise UsageError(f"--out {out} is a file; give a directory for the bundle")
         if not args.force:
-            raise _UsageError(f"--out {out} exists; pass --force to replace it, or give another --out")
+            raise UsageError(f"--out {out} exists; pass --force to replace it, or give another --out")
         if any(out.iterdir()) and not (out / METADATA_NAME).exists():
-            raise _UsageError(f"--out {out} is not a bundle (no {METADATA_NAME}); --force replaces only a bundle "
+            raise UsageError(f"--out {out} is not a bundle (no {METADATA_NAME}); --force replaces only a bundle "
                               f"or an empty directory: give another --out")
     problem = writable_dir_problem(out)
     if problem:
-        raise _UsageError(problem)
+        raise UsageError(problem)
     if args.package is not None:
         if not args.package.is_dir():
-            raise _UsageError(f"--package {args.package}: no such directory; {_MAKE_PACKAGE}")
+            raise UsageError(f"--package {args.package}: no such directory; {_MAKE_PACKAGE}")
         if not (args.package / "manifest.json").is_file():
-            raise _UsageError(f"--package {args.package} is not a model package (no manifest.json); {_MAKE_PACKAGE}")
+            raise UsageError(f"--package {args.package} is not a model package (no manifest.json); {_MAKE_PACKAGE}")
     if args.cdi is not None and not args.cdi.is_file():
         what = "is a directory" if args.cdi.is_dir() else "no such file"
-        raise _UsageError(f"--cdi {args.cdi}: {what}; give a CDI spec file (e.g. from `nvidia-ctk cdi generate`)")
+        raise UsageError(f"--cdi {args.cdi}: {what}; give a CDI spec file (e.g. from `nvidia-ctk cdi generate`)")
     if args.cdi_device and args.cdi is None:
-        raise _UsageError("--cdi-device needs --cdi SPEC: the spec that defines the device")
+        raise UsageError("--cdi-device needs --cdi SPEC: the spec that defines the device")
     if args.python is not None and not os.path.exists(args.python):
-        raise _UsageError(f"--python {args.python}: no such file; give the environment's interpreter, "
+        raise UsageError(f"--python {args.python}: no such file; give the environment's interpreter, "
                           f"e.g. .venv/bin/python")
 
 
@@ -427,7 +424,7 @@ def _build(args, progress: Progress) -> int:
 
 def _failure(exc: Exception) -> tuple[str, int]:
     """The message and exit status (:data:`EXIT_CODES`) of a build or verify that raised ``exc``."""
-    if isinstance(exc, _UsageError):
+    if isinstance(exc, UsageError):
         return str(exc), 2
     if isinstance(exc, BundleError):
         return str(exc), 1

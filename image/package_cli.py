@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edge.config.command_line import exit_epilog, fail
 from edge.errors import PackageError
 from edge.preload.fallback import FALLBACK_DEVICES, FALLBACK_ENGINES
 from edge.preload.manifest import MANIFEST_NAME
@@ -35,7 +36,7 @@ EXIT_CODES = {
     130: "interrupted (Ctrl-C): nothing was written, a package already at --out is kept",
     143: "terminated (SIGTERM): nothing was written, a package already at --out is kept",
 }
-_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_EPILOG = exit_epilog(EXIT_CODES)
 _PLATFORM_HELP = (
     "the CPU that will run the package's model.ort, not this build host's. arm (default, the Jetson): "
     "the converter leaves out its x86-only NCHWc layout rewrites, so the file loads on arm64 and x86-64 "
@@ -75,8 +76,7 @@ def _corpus_problem(files: list[Path]) -> str | None:
 
 
 def _fail(message: str, code: int) -> int:
-    sys.stderr.write(f"edge-package build: {message}\n")
-    return code
+    return fail("edge-package build", message, code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,9 @@ import argparse
 import json
 import os
 import tempfile
-import textwrap
 from pathlib import Path
 
+from edge.config.command_line import UsageError, exit_epilog
 from bench.coldstart import report as R
 
 __all__ = ["DEFAULT_TEXT", "EXIT_CODES", "DESCRIPTION", "UsageError", "parse_args", "check_paths",
@@ -31,9 +31,7 @@ EXIT_CODES = {
     130: "interrupted (Ctrl-C): the runs were stopped, no record written",
     143: "terminated (SIGTERM): the runs were stopped, no record written",
 }
-_EPILOG = "exit status:\n" + "\n".join(
-    textwrap.fill(what, 78, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7, break_on_hyphens=False)
-    for code, what in EXIT_CODES.items())
+_EPILOG = exit_epilog(EXIT_CODES, one_per_line=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,10 +103,6 @@ def resolve_budget(args: argparse.Namespace, manifest_path: Path | None) -> floa
     if args.budget_ms is None:
         args.budget_ms = (package_budget_ms(manifest_path) if manifest_path else None) or R.DEFAULT_BUDGET_MS
     return args.budget_ms
-
-
-class UsageError(Exception):
-    """A path argument that cannot be used, found before the first run; exit 2 with the message."""
 
 
 def _writable(path: Path, flag: str) -> None:

@@ -63,7 +63,7 @@ def write_chart(record: dict, path: Path) -> str | None:
               "import_torch": "bare import torch"}
     for ax, (kind, runs) in zip(axes[:, 0], groups):
         rows = _rows(runs)
-        for y, (label, serial, side) in enumerate(rows):
+        for y, (_label, serial, side) in enumerate(rows):
             for n, a, b in serial:
                 ax.barh(y, b - a, left=a, height=0.6, color=colour[n], edgecolor="white", linewidth=0.3)
             for n, a, b in side:  # overlapped stages: a thin bar under the row

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
+
+from edge.config.command_line import exit_epilog, fail
 
 __all__ = ["COMMANDS", "EXIT_CODES", "add_parsers", "command"]
 
@@ -26,7 +27,7 @@ EXIT_CODES = {
     130: "interrupted (Ctrl-C): nothing was written",
     143: "terminated (SIGTERM): nothing was written",
 }
-_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_EPILOG = exit_epilog(EXIT_CODES)
 _EXTRA = "pip install 'edge[archive]' (cryptography, pydantic, zstandard)"
 
 
@@ -65,8 +66,7 @@ def add_parsers(sub) -> None:
 
 
 def _fail(command: str, message: str, code: int) -> int:
-    print(f"edge-bundle {command}: {message}", file=sys.stderr)
-    return code
+    return fail(f"edge-bundle {command}", message, code)
 
 
 def command(args) -> int:

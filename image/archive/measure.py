@@ -94,11 +94,11 @@ def measure(bundle: Path, codecs: list[tuple[str, int]], runs: int, split: bool,
                 "bundle": str(bundle), "engine": meta["engine"], "files": label, "codec": f"{kind}:{level}",
                 "unpacked_bytes": manifest.unpacked_bytes, "tar_bytes": tar_bytes,
                 "archive_bytes": out.stat().st_size, "hash_s": round(hash_s, 3), "write_s": round(write_s, 2),
-                "decompress": _times(lambda: _decompress(out), runs),
-                "verify_archive": _times(lambda: verify_archive(out, trusted), runs),
-                "sha256sum_tar": _times(lambda: subprocess.run(["sha256sum", str(tar)], check=True,
+                "decompress": _times(lambda out=out: _decompress(out), runs),
+                "verify_archive": _times(lambda out=out: verify_archive(out, trusted), runs),
+                "sha256sum_tar": _times(lambda tar=tar: subprocess.run(["sha256sum", str(tar)], check=True,
                                                                capture_output=True), runs),
-                "hashlib_sha256_tar": _times(lambda: _hashlib_sha256(tar), runs),
+                "hashlib_sha256_tar": _times(lambda tar=tar: _hashlib_sha256(tar), runs),
             }
             mb = tar_bytes / 1e6
             for k in ("decompress", "verify_archive", "sha256sum_tar", "hashlib_sha256_tar"):

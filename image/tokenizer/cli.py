@@ -20,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from edge.config.command_line import UsageError, exit_epilog
 from edge.config.argtypes import number, positive_int
 from edge.errors import EdgeError, ErrorCode
 from image.bundle.progress import stop_signals
@@ -34,13 +35,9 @@ EXIT_CODES = {
     130: "interrupted (Ctrl-C); no output file was left half-written",
     143: "terminated (SIGTERM); no output file was left half-written",
 }
-_EPILOG = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items())
+_EPILOG = exit_epilog(EXIT_CODES)
 ENCODE_INPUT = 'input is JSON lines, one JSON string per line (e.g. "hello"); blank lines are skipped'
 _MAKE_FB = "make one with `edge-tokenizer compile tokenizer.json --out FILE.fb`, or use a package's tokenizer.fb"
-
-
-class UsageError(Exception):
-    """A mistake in the command line or its input; exit 2 with the message."""
 
 
 def _input_file(path: str, flag: str) -> Path:

@@ -222,7 +222,7 @@ def check_dropin(data: bytes) -> dict[str, int]:
     values: dict[str, int] = {}
     section = False
     for n, line in enumerate(text.split("\n"), 1):
-        def refuse(why: str) -> Refused:
+        def refuse(why: str, n: int = n) -> Refused:  # called in this iteration; n bound for the linter's sake
             return Refused("host", f"{where} line {n}: {why} (only comments, [Service], "
                                    f"{', '.join(k + '=' for k in DROPIN_LIMITS)}; {_DOC})")
         if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in line):

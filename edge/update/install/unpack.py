@@ -47,7 +47,7 @@ def unpack(reader, manifest: Manifest, manifest_bytes: bytes, signature: bytes, 
     dirs: dict[Path, int] = {}  # path -> mode, applied at the end
     stats = UnpackStats()
     with refusals():
-        for i, (entry, member, content) in enumerate(reader.members(manifest), 1):
+        for i, (entry, _member, content) in enumerate(reader.members(manifest), 1):
             path = staging / entry.path
             if isinstance(entry, FileEntry):
                 stats.bytes += _write_file(path, content, entry, as_root)
