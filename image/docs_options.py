@@ -107,7 +107,7 @@ COMMANDS = [
 ]
 
 # Modules of edge/, image/ and bench/ that build an ArgumentParser but are not commands of the
-# project, with the reason (none today; tests/ holds helpers such as tests/ipc/serve_fake.py,
+# project, with the reason (none today; tests/ holds helpers such as tests/support/serve_fake.py,
 # which are not commands and are not looked at).
 NOT_COMMANDS: dict[str, str] = {
     "bench.coldstart.args": "edge-coldstart's parser, documented through its command (bench.coldstart.cli)",
@@ -138,8 +138,8 @@ NOT_RUNTIME = {
                           "`edge-trial watch` as --sustain",
     "EDGE_TRIAL_INTERVAL": "the trial unit's setting, read by systemd: seconds between the trial's self-test runs, "
                            "passed to `edge-trial watch` as --interval",
-    "EDGE_UNIT": "tests only: the renamed unit a scenario in tests/install/trial_machine.py's machine drives",
-    "EDGE_TEST_VARIANT": "tests only: a variable tests/install/trial_machine.py puts in a bundle's config.json so "
+    "EDGE_UNIT": "tests only: the renamed unit a scenario in tests/support/trial_machine.py's machine drives",
+    "EDGE_TEST_VARIANT": "tests only: a variable tests/support/trial_machine.py puts in a bundle's config.json so "
                          "that two variants of one bundle have two digests",
     "EDGE_ASLR_STILL_ON": "not a variable: the marker image/package.py's ASLR probe prints on stderr",
     "EDGE_ROOT": "not a variable: a constant of tests/test_launch.py (the checkout's root)",

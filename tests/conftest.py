@@ -259,12 +259,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _cached_bundle(package: Path, engine: str):
-    """The ``engine`` bundle of ``package``, cached (tests/bundle/bundle_support.py ``cached_bundle``);
+    """The ``engine`` bundle of ``package``, cached (tests/support/bundles.py ``cached_bundle``);
     bundles of older inputs are pruned once it is held."""
-    sys.path.insert(0, str(REPO / "tests" / "bundle"))
-    from bundle_support import GID, UID, bundle_key, cached_bundle
-
     from image.build_bundle import build_bundle
+    from support.bundles import GID, UID, bundle_key, cached_bundle
 
     def build(out: Path, socket_dir: Path, state_dir: Path) -> None:
         # allow_dirty: the tests build the tree they test; its lineage then says -dirty

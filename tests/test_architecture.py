@@ -49,7 +49,7 @@ def test_the_docs_list_the_contracts_layers_in_order():
 def test_every_module_of_edge_is_in_a_layer():
     layers = _contract_layers()
     mods = graph(REPO, ("edge",))
-    loose = sorted(m for m in mods if m != "edge" and not any(m == l or m.startswith(l + ".") for l in layers))
+    loose = sorted(m for m in mods if m != "edge" and not any(m == layer or m.startswith(layer + ".") for layer in layers))
     assert loose == []
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -21,9 +20,7 @@ from edge.ipc.server import IpcServer
 from edge.preload.manifest import (DEFAULT_BOOT_BUDGET_MS, SELFTEST_MIN_COSINE, manifest_digest, model_digest,
                                    open_package)
 from edge.serving.core import ServingCore
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "ipc"))  # ipc_fakes: the fake engine and tokenizer
-from ipc_fakes import DIM, VOCAB, FakeEngine, FakeTokenizer, expected_embedding  # noqa: E402
+from support.ipc_fakes import DIM, VOCAB, FakeEngine, FakeTokenizer, expected_embedding
 
 TEXT = "the quick brown fox checks its health"
 REFERENCE = expected_embedding(FakeTokenizer().encode(TEXT).ids)  # (DIM,): what the fake server answers

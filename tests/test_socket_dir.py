@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -300,8 +299,7 @@ def test_coldstart_refusal_is_a_usage_error(tmp_path):
 
 def _real_bundle_archive(tmp_path: Path, socket_dir: str):
     """A small signed archive whose edge-bundle.json names a socket directory and a user."""
-    sys.path.insert(0, str(REPO / "tests" / "install"))
-    from install_packing import fake_bundle, keygen, pack
+    from support.archives import fake_bundle, keygen, pack
 
     private, public = keygen(tmp_path / "keys")
     bundle = fake_bundle(tmp_path / "bundle", 1, big=4096)

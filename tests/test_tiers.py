@@ -94,7 +94,7 @@ def test_directories_and_spawning_fixtures_decide(collected):
             assert tiers == {"container"}, path
         if path.startswith("tests/integration/"):
             assert tiers == {"process"}, path
-    # ServerProcess (a class of the module) starts serve_fake.py: found through the fixture's code
+    # ServerProcess (a class of the module) starts support/serve_fake.py: found through the fixture's code
     proc = [item for item in collected.items if item.nodeid.startswith("tests/ipc/test_ipc_process.py::")]
     assert proc and all(_tier(item, collected) == "process" for item in proc), [(i.nodeid, _why(i, collected)) for i in proc]
     assert by_file.get("tests/test_tiers.py") == {"unit"}

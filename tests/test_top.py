@@ -1,6 +1,6 @@
 """``edge top``: the view model's arithmetic on synthetic ``stats`` snapshots, the rendering into a
 recorded console, the poll loop against a scripted poller, and ``--once`` against a real server
-process (tests/ipc/serve_fake.py)."""
+process (tests/support/serve_fake.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from edge.commands import top as T
 from edge.commands import top_model as M
 from edge.serving.metrics import LATENCY_BOUNDS_MS, Histogram
+from support.fake_server import ServerProcess
 
 try:
     from rich.console import Console
@@ -26,9 +26,6 @@ try:
 except ImportError:  # rich is the optional extra edge[top]: only the rendering needs it
     Console = render = None
 needs_rich = pytest.mark.skipif(render is None, reason="rich (pip install 'edge[top]') is not installed")
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "ipc"))  # the fake server process
-from fake_process import ServerProcess  # noqa: E402
 
 ADDRESS = "ipc:///run/edge/edge.sock"
 BOUNDS = list(LATENCY_BOUNDS_MS)

@@ -27,9 +27,6 @@ TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
 
-sys.path.insert(0, str(TESTS / "bundle"))  # bundle_support (ort_bundle is tests/conftest.py's)
-
-
 # ------------------------------------------------------------------ summary and limits
 
 
@@ -93,7 +90,7 @@ def _coldstart(bundle: Path, out: Path, runs: int) -> tuple[subprocess.Completed
 
 @pytest.fixture(scope="module")
 def snapshot_run(ort_bundle):
-    from bundle_support import private_bundle, runc_or_skip
+    from support.bundles import private_bundle, runc_or_skip
 
     runc_or_skip()
     work = Path(tempfile.mkdtemp(prefix="edge-cs-snap-", dir="/tmp"))

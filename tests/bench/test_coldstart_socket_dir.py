@@ -27,13 +27,11 @@ from pathlib import Path
 import pytest
 
 from bench.coldstart.launch import MIN_COSINE
-from bench.coldstart.runtime_runs import bundle_contract, prepare_socket_dir, run_bundle
+from bench.coldstart.runtime_runs import bundle_contract, run_bundle
+from support.bundles import GID, UID, private_bundle, runc_or_skip
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-sys.path.insert(0, str(TESTS / "bundle"))  # bundle_support (ort_bundle is tests/conftest.py's)
-
-from bundle_support import GID, UID, private_bundle, runc_or_skip  # noqa: E402
 
 
 @pytest.fixture

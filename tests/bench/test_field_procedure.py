@@ -1,5 +1,5 @@
 """docs/field.md, run: every command of the technician's procedure, verbatim but for the unit's
-name, on a device under a real systemd (PID 1 in systemd-nspawn, tests/install/trial_machine.py)
+name, on a device under a real systemd (PID 1 in systemd-nspawn, tests/support/trial_machine.py)
 with real runc: check, install from a signed archive, wait for the commit, the self-test, then
 ``edge-coldstart --unit edge --runs 5``. The record must PASS against the package's budget and
 every run's phases, from four independent clocks, must add up to its total within 5 %.
@@ -17,17 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.coldstart.unit_runs import UNIT_PHASES
+from edge.update.install.installer import install, mark_good
+from edge.update.install.layout import DeviceLayout
+from support.archives import keygen
+from support.trial_machine import Machine, nspawn_or_skip, variant_bundle
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "install"))
-sys.path.insert(0, str(REPO / "tests" / "bundle"))
-
-from install_packing import keygen  # noqa: E402
-from trial_machine import Machine, nspawn_or_skip, variant_bundle  # noqa: E402
-
-from bench.coldstart.unit_runs import UNIT_PHASES  # noqa: E402
-from edge.update.install.installer import install, mark_good  # noqa: E402
-from edge.update.install.layout import DeviceLayout  # noqa: E402
-
 FIELD = REPO / "docs" / "field.md"
 SOCKET_DIR = "/run/edge"  # the machine's own /run: the default address, as on a device
 PHASE_SUM_TOLERANCE = 0.05

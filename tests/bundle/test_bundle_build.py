@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 
-from bundle_support import FIXTURES, GID, REPO, UID, bundle_meta
+from support.bundles import FIXTURES, GID, REPO, UID, bundle_meta
 from image.bundle import cdi, oci_config, seccomp
 from image.bundle.layout import PYTHON_HOME, SITE
 from image.bundle.rootfs import Rootfs, elf_machine

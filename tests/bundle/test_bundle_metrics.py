@@ -18,11 +18,8 @@ from edge.ipc.client import EdgeClient
 from image.bundle import metrics, oci_config
 from image.bundle.layout import PYTHON_HOME, SITE
 
-from bundle_support import GID, REPO, UID, bundle_meta, private_bundle, runc_or_skip, start_container
-
-sys.path.insert(0, str(REPO / "tests" / "metrics"))  # metrics_support
-
-from metrics_support import promtool_check, samples, scrape_until, value  # noqa: E402
+from support.bundles import GID, REPO, UID, bundle_meta, private_bundle, runc_or_skip, start_container
+from support.prometheus import promtool_check, samples, scrape_until, value
 
 REQUESTS = [["hello world"], ["the quick brown fox", "jumps over the lazy dog"], ["edge runs on a Jetson"] * 3]
 
@@ -99,7 +96,6 @@ def test_rootfs_carries_prometheus_client_and_what_it_imports(ort_bundle):
     site = rootfs / SITE.lstrip("/") / "prometheus_client"  # image/bundle/layout.py: the fixed site directory
     for f in pkg.rglob("*.py"):  # wholesale, like the edge package: lazily imported modules too
         assert (site / f.relative_to(pkg)).is_file(), f
-    import http.server  # the standard library prometheus_client imports, seen by the trace's textfile
 
     stdlib = rootfs / PYTHON_HOME.lstrip("/") / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     assert (stdlib / "http" / "server.py").is_file()

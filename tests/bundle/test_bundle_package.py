@@ -14,7 +14,7 @@ from edge.errors import ErrorCode, PackageError
 from edge.preload.manifest import open_package
 from image.bundle.rootfs import PACKAGE_PATH
 
-from bundle_support import bundle_meta, prepare_socket_dir, private_bundle, runc_or_skip, start_container
+from support.bundles import bundle_meta, prepare_socket_dir, private_bundle, runc_or_skip, start_container
 
 EXPECTED = {"onnxruntime": {"manifest.json", "tokenizer.fb", "model.ort", "model.onnx"},
             "torchscript": {"manifest.json", "tokenizer.fb", "model.ts", "weights.safetensors"}}

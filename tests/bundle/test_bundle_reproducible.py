@@ -13,9 +13,8 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-import pytest
 
-from bundle_support import REPO
+from support.bundles import REPO
 
 # What an onnxruntime bundle runs: the runtime's dependencies, its engine, and prometheus_client, which
 # a bundle carries whole when the environment has it (image/bundle/metrics.py)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 
-from bundle_support import (REPO, UID, bundle_meta, plain_runtime, prepare_socket_dir, runc_or_skip, start_container,
-                      stop_process)
+from support.bundles import (REPO, UID, bundle_meta, plain_runtime, prepare_socket_dir, runc_or_skip,
+                             start_container, stop_process)
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Jetson appliances boot in under two seconds.",
          "日本語の文も埋め込みます。"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bundle_support import private_bundle, runc_or_skip
+from support.bundles import private_bundle, runc_or_skip
 from edge.ipc.client import EdgeClient
 from image.bundle import snapshot as S
 

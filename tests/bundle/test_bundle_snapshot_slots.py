@@ -6,7 +6,7 @@ snapshot taken there replaces it.
 
 Needs root, runc and CRIU >= 4.1; skipped otherwise. The device root is a directory below /tmp
 that others can search (a restore's paths must be: test_bundle_snapshot.py), holding a private
-copy of the cached bundle's config (bundle_support.private_bundle) as slot a.
+copy of the cached bundle's config (support.bundles.private_bundle) as slot a.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bundle_support import REPO, bundle_meta, criu_or_skip, private_bundle, runc_or_skip
+from support.bundles import REPO, bundle_meta, criu_or_skip, private_bundle, runc_or_skip
 from image.build_bundle import main
 from image.bundle import snapshot as S
 

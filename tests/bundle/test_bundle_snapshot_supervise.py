@@ -29,7 +29,7 @@ import pytest
 
 from edge.system.readiness import NotifiedProcess
 
-from bundle_support import REPO, bundle_meta, criu_or_skip, private_bundle, runc_or_skip
+from support.bundles import REPO, bundle_meta, criu_or_skip, private_bundle, runc_or_skip
 
 SUPERVISOR = REPO / "systemd" / "edge-supervise"
 SENTENCES = ["a snapshot is a boot that already happened", "restored", "x " * 300]

@@ -20,7 +20,7 @@ import pytest
 
 from edge.system.readiness import NotifiedProcess
 
-from bundle_support import REPO, host_nofile, runc_or_skip, supervisor_events
+from support.bundles import REPO, host_nofile, runc_or_skip, supervisor_events
 
 
 def _supervise_module():

@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from bundle_support import REPO, bundle_meta, host_nofile, runc_or_skip, supervisor_events
+from support.bundles import REPO, bundle_meta, host_nofile, runc_or_skip, supervisor_events
 
 # Runs in the nspawn container as probe.service; host python3, stdlib only. argv: unit name.
 _PROBE = r'''

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from doctor_support import FakeHost  # noqa: E402
+from support.doctor_fakes import FakeHost
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from doctor_support import (LIMIT_BYTES, MODEL, PACKAGE_BYTES, SHA, checks, coldstart_record, context, install_bundle,
-                            main, meminfo, one, orin_root, report_of, take_snapshot, write)
+from support.doctor_fakes import (LIMIT_BYTES, MODEL, PACKAGE_BYTES, SHA, checks, coldstart_record, context,
+                                  install_bundle, main, meminfo, one, orin_root, report_of, take_snapshot, write)
 from edge.commands import doctor
 from edge.commands.doctor.report import Verdict
 

@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from doctor_support import checks, main
 from edge.commands import doctor
 from edge.commands.doctor.context import Host
+from support.doctor_fakes import checks, main
+from support.pythonpath import child_env
 
 pytestmark = pytest.mark.process  # runs this machine's commands and the engines' imports
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JETSON_CHECKS = ("l4t", "module", "nvpmodel", "clocks")
 # `edge doctor ARGV` as its own process, as edge/cli.py wires it (the tests' copy of the wiring
-# until edge/cli.py has it: doctor_support.main uses edge/cli.py's once it does).
-DRIVER = f"""
+# until edge/cli.py has it: support.doctor_fakes.main uses edge/cli.py's once it does); the
+# child imports support through PYTHONPATH (support.pythonpath.child_env).
+DRIVER = """
 import sys
-sys.path.insert(0, {str(HERE)!r})
-from doctor_support import main
+from support.doctor_fakes import main
 rc, out, err = main(sys.argv[1:])
 sys.stdout.write(out)
 sys.stderr.write(err)
@@ -36,7 +36,7 @@ sys.exit(rc)
 
 def _doctor(*argv: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", DRIVER, *argv], capture_output=True, text=True, timeout=timeout_s,
-                          cwd=REPO)
+                          cwd=REPO, env=child_env())
 
 
 def test_this_machine_gives_a_complete_report():
@@ -111,8 +111,7 @@ def test_commands_are_killed_at_their_timeout_with_their_children():
 
 @pytest.fixture(scope="module")
 def runtime(minilm_package, tmp_path_factory):
-    sys.path.insert(0, str(REPO / "tests" / "integration"))
-    from runtime_proc import start_runtime
+    from support.runtime_proc import start_runtime
 
     rt = start_runtime(tmp_path_factory.mktemp("doctor"), "--package", str(minilm_package), "--engine", "onnxruntime")
     try:

@@ -9,12 +9,11 @@ import os
 import platform
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
-from doctor_support import (PACKAGE_SHA, SHA, FakeHost, checks, context, install_bundle, one, orin_root, report_of,
-                            take_snapshot)
+from support.doctor_fakes import (PACKAGE_SHA, SHA, FakeHost, checks, context, install_bundle, one, orin_root,
+                                  report_of, take_snapshot)
 from edge.commands.doctor.context import Ran
 from edge.commands.doctor.report import Verdict
 
@@ -120,14 +119,10 @@ def test_a_check_that_raises_is_reported_and_the_others_run(root, host, monkeypa
 @pytest.fixture
 def serve(root):
     """serve(timeline, package_sha256): a fake-engine server at the bundle's address under ``root``."""
-    import sys
-
     from edge.ipc.protocol import Lineage
     from edge.ipc.server import IpcServer
     from edge.serving.core import ServingCore
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ipc"))
-    from ipc_fakes import FakeEngine, FakeTokenizer
+    from support.ipc_fakes import FakeEngine, FakeTokenizer
 
     servers = []
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from edge.engines import load_engine
 
-from sentences import parity_sentences
+from support.parity import parity_sentences
 
 MAX_LEN = 256  # tokens, sentence-transformers' max_seq_length for this model
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sentences import bucket_for
+from support.parity import bucket_for
 
 
 def test_package_end_to_end(engine, minilm_package, reference, sentences):

@@ -5,10 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sentences import bucket_for, pad_batch
-
-COSINE_MIN = 0.9999
-ABS_MAX = 1e-4
+from support.parity import ABS_MAX, COSINE_MIN, bucket_for, pad_batch
 
 
 def _check(out: np.ndarray, ref: np.ndarray, what: str) -> None:

@@ -3,19 +3,13 @@ k8s manifests of deploy/ (docs/fleet.md)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
 
 
 @pytest.fixture(scope="session")
 def ort_image(ort_bundle):
     """(layout, summary): the OCI image of the onnxruntime bundle, cached (fleet_support)."""
-    from bundle_support import REPO
+    from support.bundles import REPO
     from fleet_support import cached_image
 
     if str(REPO).startswith("/tmp/"):  # oci_image refuses it: the engines' tmpfs on /tmp would hide the venv
@@ -26,7 +20,7 @@ def ort_image(ort_bundle):
 @pytest.fixture(scope="session")
 def ts_image(ts_bundle):
     """(layout, summary): the OCI image of the TorchScript bundle, cached (fleet_support)."""
-    from bundle_support import REPO
+    from support.bundles import REPO
     from fleet_support import cached_image
 
     if str(REPO).startswith("/tmp/"):  # as ort_image
@@ -47,7 +41,7 @@ def arm64_bundle(minilm_package):
 @pytest.fixture(scope="module")
 def bundle_embeddings(ort_bundle, tmp_path_factory):
     """The bundle's own replies to fleet_support.TEXTS, under runc: what every engine must match."""
-    from bundle_support import bundle_meta, prepare_socket_dir, private_bundle, start_container
+    from support.bundles import bundle_meta, prepare_socket_dir, private_bundle, start_container
     from fleet_support import embed
 
     work = tmp_path_factory.mktemp("ref")

@@ -17,9 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
-
-from bundle_support import REPO  # noqa: E402
+from support.bundles import REPO
 
 TEXTS = ["the fleet runs the same bundle", "a Jetson in a cabinet", "ünïcode and émojis 🚀"]
 WRITER = REPO / "image" / "bundle" / "oci_image.py"
@@ -64,12 +62,12 @@ ARM64_ROOT = Path("/var/cache/edge-test/aarch64-bookworm")
 
 def cached_arm64_bundle(package: Path):
     """The aarch64 onnxruntime bundle of ``package`` (edge-bundle emulated), cached like the others
-    (bundle_support ``cached_bundle``); a generator."""
+    (support.bundles ``cached_bundle``); a generator."""
     for tool in ("debootstrap", "unshare"):
         tool_or_skip(tool)
     if not Path("/usr/lib/binfmt.d/qemu-aarch64.conf").exists():
         pytest.skip("qemu-user-static is not installed (.ci/run installs it with apt-get)")
-    from bundle_support import GID, UID, cached_bundle
+    from support.bundles import GID, UID, cached_bundle
 
     from image.bundle.emulated import build_in_root, make_root
 

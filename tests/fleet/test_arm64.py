@@ -10,7 +10,7 @@ import subprocess
 import sys
 import uuid
 
-from bundle_support import READY_DEADLINE_S, bundle_meta, prepare_socket_dir, private_bundle, runc_or_skip
+from support.bundles import READY_DEADLINE_S, bundle_meta, prepare_socket_dir, private_bundle, runc_or_skip
 from fleet_support import PODMAN_GLOBAL, PODMAN_LIMITS, assert_same_embeddings, embed, podman_cleanup, tool_or_skip
 
 from edge.system.readiness import NotifiedProcess, NotReady

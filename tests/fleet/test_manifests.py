@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 import yaml
-from bundle_support import REPO, runc_or_skip
+from support.bundles import REPO, runc_or_skip
 from fleet_support import PODMAN_GLOBAL, PODMAN_LIMITS, quadlet_or_skip, tool_or_skip
 
 K8S = REPO / "deploy" / "k8s"
@@ -47,7 +47,7 @@ def test_k8s_manifests_validate_against_the_current_schema():
     assert paths == {"/run/edge", "/var/lib/edge/runtime"}
     assert edge["resources"]["limits"]["memory"]
     # invalid on purpose: the validator does reject what the schema forbids
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - kubernetes_validate raises its own types, a few kinds
         kv.validate({**ds, "spec": {**ds["spec"], "replicas": 2}}, latest, strict=True)
 
 

@@ -1,18 +1,13 @@
 """The attacks of issue 12, each performed for real: real server processes, real sockets,
-loops bounded in count and time. Shared helpers come from the other test directories."""
+loops bounded in count and time. Shared helpers (the runtime as users start it, the fake-engine
+server) come from tests/support."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
-
-TESTS = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(TESTS / "integration"))  # runtime_proc: the runtime as users start it
-sys.path.insert(0, str(TESTS / "ipc"))  # ipc_fakes, fake_process: the fake-engine server
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from edge.errors import EdgeError, ErrorCode
 from edge.ipc.client import EdgeClient
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 HONEST_REQUESTS = 150
 OK_SHARE = 0.99  # the bar: >= 99 % of honest replies OK (not degraded, with a fallback)

@@ -19,8 +19,8 @@ from edge.ipc.client import EdgeClient
 from edge.ipc.connections import connection_cap
 from edge.ipc.server import IpcServer
 from edge.serving.core import ServingCore
-from ipc_fakes import FakeEngine, FakeTokenizer
-from runtime_proc import start_runtime
+from support.ipc_fakes import FakeEngine, FakeTokenizer
+from support.runtime_proc import start_runtime
 
 # A child that opens N plain connections as fast as it can, reports how many it holds, and
 # holds them until its stdin closes. Two of them hold more than one process's 20,000 limit.

@@ -16,7 +16,7 @@ import zmq
 from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 LONG_TEXT = "maintenance window for the conveyor belt sensors " * 40  # past 256 tokens: a full row
 

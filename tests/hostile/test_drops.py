@@ -1,6 +1,6 @@
 """Clients that read nothing, or leave: every reply the server could not deliver is counted.
 
-The fake-engine server (tests/ipc/serve_fake.py) in a real process, on a real ipc socket.
+The fake-engine server (tests/support/serve_fake.py) in a real process, on a real ipc socket.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zmq
 
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
-from fake_process import ServerProcess, wait_until
+from support.fake_server import ServerProcess, wait_until
 
 
 def _counted(stats: dict, mtype: str = "infer") -> int:

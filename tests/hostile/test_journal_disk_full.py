@@ -14,10 +14,8 @@ from pathlib import Path
 
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
-from runtime_proc import start_runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "journal"))  # tmpfs_support: the small disk
-from tmpfs_support import fill, tmpfs  # noqa: E402
+from support.runtime_proc import start_runtime
+from support.tmpfs import fill, tmpfs
 
 OVERLONG = P.encode_request("infer", {"texts": ["y" * (P.Limits().max_text_bytes + 1)]})
 DEADLINE_S = 30.0  # for each state the test waits for; reached in a few seconds here

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 from edge.ipc.client import EdgeClient
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 
 def _started_log(rt) -> dict:

@@ -22,7 +22,7 @@ import pytest
 
 from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 FLOODERS = 4  # connections
 IN_FLIGHT = 16  # requests each keeps in flight

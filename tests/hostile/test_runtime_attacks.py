@@ -18,7 +18,7 @@ from conftest import proc_status
 from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 MAX_TEXT_BYTES = P.Limits().max_text_bytes
 MAX_TEXTS = P.Limits().max_texts

@@ -11,7 +11,7 @@ import pytest
 from edge.ipc.endpoint import check_socket_dir
 from edge.ipc.server import IpcServer
 from edge.serving.core import ServingCore
-from ipc_fakes import FakeEngine, FakeTokenizer
+from support.ipc_fakes import FakeEngine, FakeTokenizer
 
 NOBODY = 65534
 

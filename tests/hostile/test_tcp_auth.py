@@ -23,17 +23,13 @@ import numpy as np
 import pytest
 import zmq
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "integration"))  # runtime_proc: the runtime as users start it
-sys.path.insert(0, str(HERE.parent / "ipc"))  # ipc_fakes: the fake engine and tokenizer
-
-from edge.errors import BootError  # noqa: E402
-from edge.ipc.client import EdgeClient  # noqa: E402
-from edge.ipc.curve import ClientCurve, KeyFileError, ServerCurve, client_curve, is_loopback  # noqa: E402
-from edge.ipc.server import IpcServer  # noqa: E402
-from edge.commands.keys import KeysError, generate  # noqa: E402
-from edge.serving.core import ServingCore  # noqa: E402
-from edge.runtime.serve_args import parse_serve_args  # noqa: E402
+from edge.errors import BootError
+from edge.ipc.client import EdgeClient
+from edge.ipc.curve import ClientCurve, KeyFileError, ServerCurve, client_curve, is_loopback
+from edge.ipc.server import IpcServer
+from edge.commands.keys import KeysError, generate
+from edge.serving.core import ServingCore
+from edge.runtime.serve_args import parse_serve_args
 
 REFUSED_S = 0.5  # how long a refused client waits for the reply that never comes (s)
 EDGE = [sys.executable, "-m", "edge.cli"]
@@ -210,7 +206,7 @@ def test_client_keys_come_together_and_only_for_tcp(tmp_path):
 
 @pytest.fixture
 def curve_server(tmp_path):
-    from ipc_fakes import FakeEngine, FakeTokenizer
+    from support.ipc_fakes import FakeEngine, FakeTokenizer
 
     k = _keys(tmp_path)
     server = IpcServer("tcp://127.0.0.1:0", ServingCore(FakeEngine(), FakeTokenizer(), max_seq_length=64),
@@ -249,7 +245,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def keyed_runtime(minilm_package, tmp_path_factory):
     """`python -m edge.boot` on tcp://127.0.0.1:PORT with --keys (debug log: the ZAP handler's verdicts)."""
-    from runtime_proc import start_runtime
+    from support.runtime_proc import start_runtime
 
     root = tmp_path_factory.mktemp("tcp-auth")
     k = _keys(root)
@@ -304,7 +300,7 @@ def test_cli_embed_with_keys(keyed_runtime):
 
 
 def test_missing_server_key_is_a_boot_error(minilm_package, tmp_path):
-    from runtime_proc import start_runtime
+    from support.runtime_proc import start_runtime
 
     (tmp_path / "empty").mkdir()
     rt = start_runtime(tmp_path / "rt", "--package", str(minilm_package), "--engine", "onnxruntime",

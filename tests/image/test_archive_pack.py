@@ -191,10 +191,10 @@ def test_pack_then_verify_and_read_every_member(packed, bundle, keypair):
         assert keys.verify(signature, manifest_bytes, keys.load_trusted(keypair[1].parent)) == manifest.key_id
         assert parse_manifest(manifest_bytes) == manifest
         seen = []
-        for entry, member, data in archive.members(manifest):
+        for entry, _member, data in archive.members(manifest):
             seen.append(entry.path)
             if data is not None:
-                content = b"".join(iter(lambda: data.read(7777), b""))
+                content = b"".join(iter(lambda data=data: data.read(7777), b""))
                 assert content == (bundle / entry.path[len("bundle/"):]).read_bytes()
         archive.finish()
     assert seen == [e.path for e in manifest.files]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +11,7 @@ from edge.preload.manifest import open_package
 from edge.preload.weights import map_weights
 from image.package import compare_builds, source_dir
 from image.package_cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
-from sentences import BASE  # noqa: E402
+from support.parity import BASE
 
 DOMAIN = [  # the pruning corpus: maintenance English
     "Replace the air filter every 500 operating hours.",

@@ -21,9 +21,7 @@ from image.package import compare_builds
 from image.package_cli import main
 from image.quantize import (MIN_COSINE, REPORT_FILE, FallbackMismatch, check_fallback, embed_fallback,
                             fallback_request)
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
-from sentences import bucket_for, parity_sentences  # noqa: E402
+from support.parity import bucket_for, parity_sentences
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

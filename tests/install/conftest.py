@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # install_support.py, install_packing.py
-
-from install_packing import fake_bundle, keygen, pack  # noqa: E402
+from support.archives import fake_bundle, keygen, pack
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from install_packing import fake_bundle, pack
+from support.archives import fake_bundle, pack
 from install_support import run_cli, tree_digest
 
 from edge.update.install import host_paths as H

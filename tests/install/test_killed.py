@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from install_support import REPO_ROOT, run_cli, tree_digest
-from install_packing import manifest_of_archive
+from support.archives import manifest_of_archive
 
 from edge.update.install.cli import CRASH_POINTS
 from edge.update.install.installer import install, mark_good

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from install_support import run_cli, tree_digest
-from install_packing import fake_bundle, manifest_of_archive, pack, pack_crafted
+from support.archives import fake_bundle, manifest_of_archive, pack, pack_crafted
 
 from edge.update.install.archive import parse_manifest
 from edge.update.install.compat import DeviceFacts, check_compatible, device_facts

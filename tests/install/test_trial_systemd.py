@@ -1,6 +1,6 @@
 """Updates on a device under a real systemd and real runc (docs/update.md): the project's
 edge.service, edge-trial.service and edge-trial-failed.service, PID 1 in systemd-nspawn
-(trial_machine.py), the MiniLM bundle (onnxruntime) installed from signed archives.
+(tests/support/trial_machine.py), the MiniLM bundle (onnxruntime) installed from signed archives.
 
 - a good update switches, commits, and health answers throughout but for a measured gap;
 - bad archives are refused with the live slot byte-identical and health answering;
@@ -16,21 +16,16 @@ Needs root, runc and systemd-nspawn; skipped otherwise. About 3 minutes.
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from install_support import tree_digest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))  # bundle_support
-
-from install_packing import keygen  # noqa: E402
-from install_support import tree_digest  # noqa: E402
-from trial_machine import CRASH, SLOW_BOOT, Machine, nspawn_or_skip, variant_bundle  # noqa: E402
-
-from edge.update.install.cli import CRASH_POINTS  # noqa: E402
-from edge.update.install.installer import install, mark_good  # noqa: E402
-from edge.update.install.layout import DeviceLayout  # noqa: E402
+from edge.update.install.cli import CRASH_POINTS
+from edge.update.install.installer import install, mark_good
+from edge.update.install.layout import DeviceLayout
+from support.archives import keygen
+from support.trial_machine import CRASH, SLOW_BOOT, Machine, nspawn_or_skip, variant_bundle
 
 SOCKET_DIR = "/run/edge-test"  # inside the machine (its own /run): the same for every bundle, as on a device
 HEADER = "import json, os, subprocess, sys, time\nfrom trial_probe import *\n"

@@ -1,5 +1,6 @@
-"""What a scenario in the trial's machine (trial_machine.py) uses: runs inside systemd-nspawn,
-as probe.service, with this checkout's venv python. The unit's name is in ``EDGE_UNIT``."""
+"""What a scenario in the trial's machine (tests/support/trial_machine.py) uses: runs inside
+systemd-nspawn, as probe.service, with this checkout's venv python, imported as ``trial_probe``
+(the unit's PYTHONPATH is this directory alone). The unit's name is in ``EDGE_UNIT``."""
 
 from __future__ import annotations
 

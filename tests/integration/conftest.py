@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from edge.errors import EdgeError, ErrorCode
 from edge.ipc.client import EdgeClient
 
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 THRESHOLD = 5
 DELAY_MS = 400  # the primary's injected delay: longer than TIGHT_MS, far shorter than LOOSE_MS

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import edge
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 EDGE = [sys.executable, "-m", "edge.cli"]
 

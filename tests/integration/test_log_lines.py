@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 from edge.errors import EdgeError
 from edge.ipc.client import EdgeClient

@@ -11,17 +11,13 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from edge.errors import EdgeError, ErrorCode
 from edge.ipc.client import EdgeClient
-from runtime_proc import start_runtime
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "metrics"))  # metrics_support
-
-from metrics_support import promtool_check, samples, scrape_until, total, value  # noqa: E402
+from support.prometheus import promtool_check, samples, scrape_until, total, value
+from support.runtime_proc import start_runtime
 
 # Known texts, sent one request at a time: each request's texts of one bucket run as one batch.
 REQUESTS = [

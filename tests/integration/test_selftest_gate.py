@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 
 from edge.preload.manifest import SELFTEST_MIN_COSINE, manifest_digest, open_package
+from support.parity import ABS_MAX, COSINE_MIN  # the engines' tolerance against sentence-transformers
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-sys.path.insert(0, str(REPO / "tests" / "engines"))
-from test_parity import ABS_MAX, COSINE_MIN  # noqa: E402  (the engines' tolerance against sentence-transformers)
 
 CLI_TIMEOUT_S = 60
 

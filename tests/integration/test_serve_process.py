@@ -18,7 +18,7 @@ from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -86,8 +86,8 @@ def test_timeline_is_logged_and_written(ort_runtime):
     assert record["exec_to_ready_ms"] > 0
     last_end = max(s["end_ms"] for s in record["stages"])
     assert last_end <= record["exec_to_ready_ms"]
-    lines = [json.loads(l) for l in ort_runtime.output().splitlines() if l.startswith("{")]
-    ready = [l for l in lines if l["event"] == "boot.ready"]
+    lines = [json.loads(line) for line in ort_runtime.output().splitlines() if line.startswith("{")]
+    ready = [e for e in lines if e["event"] == "boot.ready"]
     assert len(ready) == 1 and ready[0]["stages"] == record["stages"]
 
 

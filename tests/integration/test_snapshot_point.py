@@ -18,7 +18,7 @@ from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
 from edge.runtime.snapshot import MARKER, RESUME, RESUME_SIGNAL
 
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 
 def _wait_for_marker(rt, timeout_s: float = 60.0) -> dict:

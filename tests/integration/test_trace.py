@@ -18,7 +18,7 @@ from edge.errors import EdgeError
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 
-from runtime_proc import start_runtime
+from support.runtime_proc import start_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 

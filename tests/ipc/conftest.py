@@ -11,7 +11,7 @@ from edge.ipc.client import EdgeClient
 from edge.ipc.protocol import Lineage
 from edge.ipc.server import IpcServer
 from edge.serving.core import ServingCore
-from ipc_fakes import FakeEngine, FakeTokenizer
+from support.ipc_fakes import FakeEngine, FakeTokenizer
 
 SERVING = {
     "buckets": [8, 16, 32, 64],  # tokens

@@ -10,7 +10,7 @@ import pytest
 
 from edge import cli
 from edge.errors import ErrorCode, FlowError
-from ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding
+from support.ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding
 
 
 def run_cli(capsys, *argv) -> tuple[int, dict | None, str]:

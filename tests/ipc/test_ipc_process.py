@@ -18,9 +18,8 @@ import zmq
 from edge.ipc import protocol as P
 from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
-from ipc_fakes import FakeTokenizer, expected_embedding
-
-from fake_process import ServerProcess, wait_until  # noqa: E402
+from support.fake_server import ServerProcess, wait_until
+from support.ipc_fakes import FakeTokenizer, expected_embedding
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 from edge.ipc.server import IpcServer, Lifecycle, default_bind_address
 from edge.serving.core import ServingCore
-from ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding, text_of_tokens
+from support.ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding, text_of_tokens
 
 E = ErrorCode
 TOK = FakeTokenizer()

@@ -14,7 +14,7 @@ from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.drain import FinalReads
 from edge.ipc.server import Lifecycle
-from ipc_fakes import FakeEngine
+from support.ipc_fakes import FakeEngine
 
 E = ErrorCode
 

@@ -5,25 +5,21 @@ payload, and the I/O thread never waits for the disk."""
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 from journal_support import wait_for
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ipc"))  # ipc_fakes: the fake engine and tokenizer
-
-from edge.errors import EdgeError  # noqa: E402
-from edge.ipc.client import EdgeClient  # noqa: E402
-from edge.ipc.protocol import Lineage  # noqa: E402
-from edge.ipc.server import IpcServer  # noqa: E402
-from edge.observability.journal import reader  # noqa: E402
-from edge.observability.journal.format import expand  # noqa: E402
-from edge.observability.journal.rejected import read_sample  # noqa: E402
-from edge.observability.journal.writer import Journal  # noqa: E402
-from edge.serving.core import ServingCore  # noqa: E402
-from ipc_fakes import FakeEngine, FakeTokenizer  # noqa: E402
+from edge.errors import EdgeError
+from edge.ipc.client import EdgeClient
+from edge.ipc.protocol import Lineage
+from edge.ipc.server import IpcServer
+from edge.observability.journal import reader
+from edge.observability.journal.format import expand
+from edge.observability.journal.rejected import read_sample
+from edge.observability.journal.writer import Journal
+from edge.serving.core import ServingCore
+from support.ipc_fakes import FakeEngine, FakeTokenizer
 
 SERVING = {"buckets": [8, 16, 32, 64], "max_batch_size": 8, "max_batch_tokens": 256, "max_delay_ms": 2.0,
            "max_queue_requests": 64, "max_queue_tokens": 4096}

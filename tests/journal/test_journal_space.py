@@ -9,7 +9,7 @@ import json
 import os
 
 from journal_support import LINEAGE, finished_request, peer, wait_for
-from tmpfs_support import fill, tmpfs, used_bytes
+from support.tmpfs import fill, tmpfs, used_bytes
 
 from edge.observability.journal import reader
 from edge.observability.journal.budget import ByteCap

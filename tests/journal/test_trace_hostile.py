@@ -18,7 +18,6 @@ import pytest
 from journal_support import LINEAGE, finished_request, peer
 
 from edge.observability.journal.format import header_line, segment_name, segment_seq
-from edge.observability.journal.rejected import capture
 from edge.observability.journal.writer import Journal
 
 OLD, NEW, BAD = "0123456789abc0de", "0123456789abc1de", "badbadbadbadbad0"

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ipc"))  # ipc_fakes: the fake engine and tokenizer
-
-from edge.ipc.client import EdgeClient  # noqa: E402
-from edge.ipc.protocol import Lineage  # noqa: E402
-from edge.ipc.server import IpcServer  # noqa: E402
-from edge.serving.core import ServingCore  # noqa: E402
-from edge.runtime.timeline import Timeline  # noqa: E402
-from ipc_fakes import FakeEngine, FakeTokenizer  # noqa: E402
+from edge.ipc.client import EdgeClient
+from edge.ipc.protocol import Lineage
+from edge.ipc.server import IpcServer
+from edge.serving.core import ServingCore
+from edge.runtime.timeline import Timeline
+from support.ipc_fakes import FakeEngine, FakeTokenizer
 
 SERVING = {"buckets": [8, 16, 32, 64], "max_batch_size": 8, "max_batch_tokens": 256, "max_delay_ms": 2.0,
            "max_queue_requests": 64, "max_queue_tokens": 4096}  # the 64 bucket holds 4 rows

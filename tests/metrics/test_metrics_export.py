@@ -14,8 +14,8 @@ from edge.observability.metrics.export import (
     boot_families, build_info, registry_for, render, snapshot_families, telemetry_families,
 )
 from edge.serving.metrics import LATENCY_BOUNDS_MS, Metrics
-from ipc_fakes import text_of_tokens
-from metrics_support import promtool_check, samples, scrape_until, total, value
+from support.ipc_fakes import text_of_tokens
+from support.prometheus import promtool_check, samples, scrape_until, total, value
 
 
 def _exposition(families) -> dict:

@@ -17,7 +17,7 @@ from edge.observability.metrics.cache import MAX_FORMATS, TEXT, Exposition
 from edge.observability.metrics.export import registry_for
 from edge.observability.metrics.http import MetricsListener, _Conn, _DeadlineIO
 from edge.observability.metrics.publish import MetricsPublisher
-from metrics_support import samples, value
+from support.prometheus import samples, value
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
 

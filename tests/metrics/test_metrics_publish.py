@@ -20,7 +20,7 @@ from edge.observability.metrics.export import registry_for, render
 from edge.observability.metrics.publish import MetricsPublisher, check_metrics_export, write_textfile
 from edge.config.argtypes import parse_listen
 from edge.runtime.serve_args import parse_serve_args
-from metrics_support import promtool_check, samples, scrape_until, value
+from support.prometheus import promtool_check, samples, scrape_until, value
 
 # ------------------------------------------------------------------ textfile
 

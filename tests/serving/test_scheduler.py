@@ -52,7 +52,7 @@ def test_idle_engine_dispatches_at_once():
 
 def test_multi_bucket_request_arriving_idle_runs_without_delay():
     s = sched()
-    j = job(s, [10, 40], t=1.0)
+    job(s, [10, 40], t=1.0)
     b1 = s.next_batch(1.0)
     busy(s, 1.001)
     b2 = s.next_batch(1.001)  # the second part arrived idle too; it is not made to wait max_delay
@@ -109,7 +109,7 @@ def test_no_bucket_starves_under_a_stream_of_short_requests():
     busy(s, 1e9)
     long_job = job(s, [200], t=0.0)
     t, ran_long_at = 0.0, None
-    for step in range(20_000):
+    for _step in range(20_000):
         t += 0.01
         job(s, [10], t=t, deadline=t + 0.1)
         job(s, [10], t=t, deadline=t + 0.1)  # a full 16 bucket, with earlier deadlines, at every step
@@ -155,7 +155,7 @@ def test_partly_run_job_still_expires_and_fully_run_job_does_not():
     j = job(s, [10, 40], t=1.0, deadline=2.0)
     s.next_batch(1.0021)  # one part (either bucket) runs
     assert s.expire(2.0) == [j] and s.parts == 0
-    k = job(s, [10], t=3.0, deadline=4.0)
+    job(s, [10], t=3.0, deadline=4.0)
     s.next_batch(3.0021)
     assert s.expire(5.0) == []  # it ran: the engine loop answers it
 

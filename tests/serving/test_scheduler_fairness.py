@@ -169,7 +169,7 @@ def test_a_connection_banks_no_credit_while_idle():
         t += BATCH_S
         s.batch_done(t)
         s.next_batch(t)
-    for i in range(8):
+    for _i in range(8):
         job(s, [10], t, c=2, priority=0)
     flood(s, t, conns=(1,))
     t += BATCH_S

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ipc"))  # ipc_fakes
-
-from edge.errors import ErrorCode, FlowError  # noqa: E402
-from edge.serving.admission import Admission  # noqa: E402
-from edge.serving.metrics import Metrics  # noqa: E402
-from edge.serving.request import Admit, Cancel, Failed, Request  # noqa: E402
-from edge.serving.shapes import BatchShapes  # noqa: E402
-from edge.serving.tokenize_stage import TokenizeStage  # noqa: E402
-from edge.preload.serving_settings import ServingSettings  # noqa: E402
-from ipc_fakes import FakeTokenizer  # noqa: E402
+from edge.errors import ErrorCode, FlowError
+from edge.serving.admission import Admission
+from edge.serving.metrics import Metrics
+from edge.serving.request import Admit, Cancel, Failed, Request
+from edge.serving.shapes import BatchShapes
+from edge.serving.tokenize_stage import TokenizeStage
+from edge.preload.serving_settings import ServingSettings
+from support.ipc_fakes import FakeTokenizer
 
 SETTINGS = {"buckets": [8, 16], "max_batch_size": 4, "max_queue_requests": 8, "max_queue_tokens": 1024,
             "max_pending_text_bytes": 100}

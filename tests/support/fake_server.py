@@ -1,4 +1,4 @@
-"""The fake-engine server (``serve_fake.py``) as a real process, and a polling helper."""
+"""The fake-engine server (tests/support/serve_fake.py) as a real process, and a polling helper."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+from support.pythonpath import TESTS, child_env
+
+ROOT = str(TESTS.parent)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 READY_DEADLINE_S = 30.0
 
@@ -49,8 +50,8 @@ class ServerProcess:
         self.path = f"{self.dir}/run/edge.sock"
         self.address = f"ipc://{self.path}"
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "serve_fake.py"), "--bind", self.address, *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            [sys.executable, "-m", "support.serve_fake", "--bind", self.address, *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=child_env(),
         )
         line, out, closed = first_line_within(self.proc.stdout.fileno(), READY_DEADLINE_S)
         if line is None or not line.startswith("READY"):
@@ -65,7 +66,7 @@ class ServerProcess:
 
     def rss_kib(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
-            return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
     def cpu_s(self) -> float:
         with open(f"/proc/{self.proc.pid}/stat") as f:

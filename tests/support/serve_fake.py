@@ -1,6 +1,8 @@
 """Run an IpcServer with the fake engine and tokenizer as its own process (real-socket tests).
 
-    python tests/ipc/serve_fake.py --bind ipc:///tmp/x/edge.sock [--sleep-ms 5]
+    python -m support.serve_fake --bind ipc:///tmp/x/edge.sock [--sleep-ms 5]
+
+with tests/ on PYTHONPATH (support.pythonpath.child_env; support.fake_server.ServerProcess starts it so).
 
 Prints ``READY <pid>`` on stdout once serving; SIGTERM drains and exits 0.
 """
@@ -12,12 +14,10 @@ import os
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from edge.ipc.protocol import Lineage  # noqa: E402
-from edge.ipc.server import IpcServer  # noqa: E402
-from edge.serving.core import ServingCore  # noqa: E402
-from ipc_fakes import FakeEngine, FakeTokenizer  # noqa: E402
+from edge.ipc.protocol import Lineage
+from edge.ipc.server import IpcServer
+from edge.serving.core import ServingCore
+from support.ipc_fakes import FakeEngine, FakeTokenizer
 
 SERVING = {"buckets": [8, 16, 32, 64], "max_batch_size": 8, "max_batch_tokens": 256, "max_delay_ms": 2.0,
            "max_queue_requests": 256, "max_queue_tokens": 16384}

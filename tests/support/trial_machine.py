@@ -29,14 +29,15 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bundle"))
-
-from bundle_support import REPO, host_nofile  # noqa: E402
-from image.bundle.digest import ENV_NAME, bundle_digest  # noqa: E402
-from image.bundle.oci_config import STATE_DIR  # noqa: E402
+from image.bundle.digest import ENV_NAME, bundle_digest
+from image.bundle.oci_config import STATE_DIR
+from support.bundles import REPO, host_nofile
 
 UNITS = "/etc/systemd/system"
-PROBE = Path(__file__).with_name("trial_probe.py")
+# What the scenarios import (``from trial_probe import *``): the probe unit's PYTHONPATH is its directory
+# alone, so nothing else of tests/ is importable in the machine (tests/image, tests/bench there would
+# shadow the image and bench packages that edge-bundle and edge-coldstart import).
+PROBE = REPO / "tests" / "install" / "trial_probe.py"
 
 
 def nspawn_or_skip() -> str:
@@ -189,7 +190,7 @@ class Machine:
         probe = self.nsp / "probe.service"
         # Powers off however the scenario ends; the journal and its output are kept in /out.
         probe.write_text(f"[Unit]\nAfter=local-fs.target\n[Service]\nType=oneshot\nTimeoutStartSec=600\n"
-                         f"Environment=EDGE_UNIT={self.unit} PYTHONPATH={REPO / 'tests' / 'install'}\n"
+                         f"Environment=EDGE_UNIT={self.unit} PYTHONPATH={PROBE.parent}\n"
                          f"StandardOutput=append:/out/probe.log\nStandardError=append:/out/probe.log\n"
                          f"ExecStart={sys.executable} /nsp/scenario.py\n"
                          f"ExecStopPost=/bin/sh -c 'journalctl --no-pager -o short-monotonic > /out/journal.txt; "

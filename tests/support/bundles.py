@@ -1,7 +1,5 @@
-"""Helpers of the bundle tests: runc containers, the plain runtime, the socket directory.
-
-A uniquely named module (not conftest): tests/*/conftest.py would shadow each other on import.
-"""
+"""Helpers of the bundle tests (tests/bundle, and the cold-start, fleet and trial tests that run
+bundles): runc containers, the plain runtime, the socket directory, the cached bundle."""
 
 from __future__ import annotations
 
@@ -21,7 +19,7 @@ import pytest
 from edge.system.readiness import NotifiedProcess, NotReady, stop_process  # noqa: F401 - stop_process: for the tests
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = Path(__file__).with_name("fixtures")
+FIXTURES = REPO / "tests" / "bundle" / "fixtures"
 UID = GID = 61000  # the builder's default runtime user
 READY_DEADLINE_S = 120.0
 _CODE = ["image/build_bundle.py", "image/bundle/*.py", "edge/**/*.py"]
