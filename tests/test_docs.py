@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import tomllib
 import subprocess
 from pathlib import Path
 
@@ -130,9 +131,11 @@ def test_generated_block_is_current():
 
 def test_every_command_is_in_the_generator():
     modules = {c.module for c in D.COMMANDS}
-    pyproject = (REPO / "pyproject.toml").read_text()
-    scripts = re.search(r"^\[project\.scripts\]\n(.*?)(?:^\[|\Z)", pyproject, flags=re.S | re.M).group(1)
-    for name, target in re.findall(r'^([\w.-]+)\s*=\s*"([\w.]+):main"', scripts, flags=re.M):
+    tables = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["edge"]["scripts"]
+    scripts = {**tables["device"], **tables["build-host"]}
+    assert len(scripts) == len(tables["device"]) + len(tables["build-host"])  # no name in both
+    for name, entry in scripts.items():
+        target = entry.removesuffix(":main")
         if name == "edge":
             continue  # edge.cli: its serve subcommand is edge.runtime.serve_args' parser; both are listed
         assert target in modules, f"console script {name} ({target}) is not in image.docs_options.COMMANDS"

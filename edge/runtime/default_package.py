@@ -80,6 +80,14 @@ def ensure_default_package(path: Path) -> Path:
     """
     if (path / "manifest.json").exists():
         return path
+    if importlib.util.find_spec("image") is None:
+        # A wheel of edge (a device's install) carries the runtime alone; the package builder
+        # comes with a checkout's editable install (build_backend.py).
+        raise PackageBuildError(
+            "no model package given, and the default one is built on first use by the build-host tools, which "
+            "come with a checkout of edge (`pip install -e '.[serve]'` in it), not with a wheel of edge as "
+            "installed here. Pass --package DIR (or EDGE_PACKAGE) naming a package built with "
+            "`edge-package build --out DIR` on a build host", exit_code=3)
     missing = missing_build_modules()
     if missing:
         raise PackageBuildError(

@@ -14,9 +14,9 @@ there), and installs that wheel into the rootfs's fixed prefix (image/bundle/lay
   format's earliest), fixed modes, no host path. The same commit gives the same bytes from any
   checkout, in any directory.
 
-Written here rather than by a build backend: setuptools would also pack ``image`` and
-``bench`` (build-host tools a device never runs) and stamps its own build times; a wheel is a
-zip with three metadata files (PEP 427), which is all this needs.
+Written here rather than by the build backend: setuptools's wheel (``pip wheel .``; it carries
+``edge`` alone too, build_backend.py) is built from the working tree and stamps its own build
+times; a wheel is a zip with three metadata files (PEP 427), which is all this needs.
 """
 
 from __future__ import annotations
