@@ -476,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     from image.bundle import snapshot
 
     snapshot.add_parser(sub, _EPILOG)
+    from image import supervisor_zipapp  # edge-supervise, the host's supervisor, as one file
+
+    supervisor_zipapp.add_parser(sub, _EPILOG)
     from image.bundle import oci_image  # the fleet's form: an OCI image layout (docs/fleet.md)
 
     oci_image.add_parser(sub, _EPILOG)
@@ -495,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.command == "snapshot":
                 return snapshot.command(args)
+            if args.command == "supervisor":
+                return supervisor_zipapp.command(args)
             if args.command == "image":
                 return oci_image.command(args)
             if args.command == "emulated":

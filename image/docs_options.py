@@ -86,6 +86,9 @@ COMMANDS = [
     Command("edge-package", "image.package_cli", "architecture.md"),
     Command("edge-tokenizer", "image.tokenizer.cli", "commands.md#edge-tokenizer-compile-prune-encode"),
     Command("edge-bundle", "image.build_bundle", "bundle.md"),
+    Command("edge-supervise", "edge.supervise.main", "bundle.md#systemd-systemdedgeservice-and-edge-supervise",
+            note="Run by systemd (edge.service), installed as one file at /usr/local/lib/edge/edge-supervise by "
+                 "`edge-bundle supervisor --out FILE`; `python -m edge.supervise` from a checkout."),
     Command("edge-trial", "edge.update.install.trial", "update.md",
             note="Run by systemd (edge.service, edge-trial.service, edge-trial-failed.service), not by hand."),
     Command("edge-coldstart", "bench.coldstart.cli", "coldstart.md",

@@ -1,5 +1,5 @@
 """edge/system/socket_dir.py: the bundle's socket directory made the runtime's, its refusals, the stale
-leftovers it removes, and its users (edge-supervise's copy, edge-bundle snapshot, edge-coldstart,
+leftovers it removes, and its users (edge-supervise, edge-bundle snapshot, edge-coldstart,
 the installer, the runtime's bind error).
 
 As root, with the bundle's default runtime uid (61000), in tmp directories; the starts under runc
@@ -9,8 +9,6 @@ are tests/bench/test_coldstart_socket_dir.py.
 from __future__ import annotations
 
 import fcntl
-import importlib.machinery
-import importlib.util
 import json
 import os
 import socket
@@ -204,41 +202,17 @@ def test_check_is_read_only(tmp_path):
     assert S.check_socket_dir(tmp_path, GID) is not None and _owner_mode(tmp_path)[0] == 0
 
 
-# ------------------------------------------------------------------ edge-supervise's copy
-
-
-MARK_START = "# --- copied from edge/system/socket_dir.py: keep equal (tests/test_socket_dir.py) ---\n"
-MARK_END = "# --- end of copy ---\n"
-
-
-def _block(text: str) -> str:
-    assert text.count(MARK_START) == 1 and text.count(MARK_END) == 1
-    return text[text.index(MARK_START):text.index(MARK_END) + len(MARK_END)]
-
-
-def _supervise_module():
-    path = str(REPO / "systemd" / "edge-supervise")
-    loader = importlib.machinery.SourceFileLoader("edge_supervise_sd", path)
-    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader("edge_supervise_sd", loader))
-    loader.exec_module(mod)
-    return mod
-
-
-def test_edge_supervise_carries_an_equal_copy():
-    module = _block(Path(S.__file__).read_text())
-    supervise = _block((REPO / "systemd" / "edge-supervise").read_text())
-    assert supervise == module, "systemd/edge-supervise's copy differs from edge/system/socket_dir.py: copy it again"
-    for name in ("prepare_socket_dir", "check_socket_dir", "ipc_socket_name", "_sd_refuse", "_sd_clean"):
-        assert f"def {name}(" in module  # the functions, not only constants, are in the copied part
+# ------------------------------------------------------------------ edge-supervise
 
 
 def test_edge_supervise_prepares_and_refuses_with_one_log_line(tmp_path, capsys):
-    sup = _supervise_module()
+    from edge.supervise import bundle_start as sup
+
     d = tmp_path / "run"
     _root_leftovers(d)
     meta = {"socket_dir": str(d), "address": f"ipc://{d}/edge.sock", "user": {"uid": UID, "gid": GID},
             "metrics_dir": str(tmp_path / "m")}
-    sup._prepare_socket_dir(meta)
+    sup.prepare_host(meta)
     assert _owner_mode(d) == (UID, GID, 0o750) and os.listdir(d) == []
     assert _owner_mode(tmp_path / "m") == (UID, GID, 0o755)
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -246,7 +220,7 @@ def test_edge_supervise_prepares_and_refuses_with_one_log_line(tmp_path, capsys)
     link = tmp_path / "link"
     link.symlink_to(d)
     with pytest.raises(SystemExit) as ended:
-        sup._prepare_socket_dir({**meta, "socket_dir": str(link)})
+        sup.prepare_host({**meta, "socket_dir": str(link)})
     assert str(link) in str(ended.value.code) and ended.value.code.startswith("edge-supervise: ")
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["event"] == "supervise.socket_dir_refused" and line["reason"] == "symlink"

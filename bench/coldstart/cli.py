@@ -390,7 +390,7 @@ def _main(args: argparse.Namespace) -> int:
             check_address_free(meta["address"])
             deferred = (meta.get("cdi") or {}).get("deferred_devices") or []
             if deferred:
-                # systemd/edge-supervise adds these at start; plain `runc run` of the bundle does not.
+                # edge-supervise adds these at start; plain `runc run` of the bundle does not.
                 print(f"warning: the bundle defers {len(deferred)} CDI device(s) to edge-supervise; "
                       "these runs start it without them (no GPU)", file=sys.stderr)
         record = bench.run()

@@ -47,7 +47,7 @@ __all__ = ["UNIT_PHASES", "UnitRefused", "UnitTarget", "bundle_mount_sources", "
 
 UNIT_PHASES = ("stop", "systemd_to_supervisor", "supervisor_to_runc", "runc_to_exec", "runtime_boot",
                "ready_to_reply")
-START_RECORD = "start.json"  # systemd/edge-supervise StartRecord, in the unit's RuntimeDirectory
+START_RECORD = "start.json"  # edge-supervise's StartRecord (edge/supervise/start_record.py), in the unit's RuntimeDirectory
 RESUME = "snapshot-resume.json"  # edge-supervise writes it in the socket directory before it resumes a restore
 PACKAGE_MANIFEST = "opt/edge/package/manifest.json"  # image/build_bundle.py PACKAGE_PATH, under the rootfs
 _SHOW = ("LoadState", "ActiveState", "SubState", "MainPID", "FragmentPath", "RuntimeDirectory", "StatusText",
@@ -247,7 +247,7 @@ def _start_record(show: dict, wait_s: float = 10.0) -> dict:
             return record
         time.sleep(0.02)
     raise RunFailed(f"no start record of pid {show.get('MainPID')} at {path} within {wait_s:g} s (is the unit's "
-                    f"edge-supervise older than this benchmark? install systemd/edge-supervise again): {record}")
+                    f"edge-supervise older than this benchmark? install it again: edge-bundle supervisor --out /usr/local/lib/edge/edge-supervise): {record}")
 
 
 def wait_snapshot(target: UnitTarget, timeout_s: float = SNAPSHOT_WAIT_S) -> dict:

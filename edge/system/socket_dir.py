@@ -7,7 +7,7 @@ other user's file holds the name. In the field, ``edge serve`` run by hand as ro
 root-owned ``/run/edge`` with root's ``edge.sock`` and ``edge.sock.lock`` (0600), and every start
 of the bundle failed in its ``bind`` stage with advice (``--bind``) a bundle's user cannot follow.
 
-So whoever starts a bundle (systemd/edge-supervise, ``edge-coldstart --bundle``, ``edge-bundle
+So whoever starts a bundle (edge-supervise, ``edge-coldstart --bundle``, ``edge-bundle
 snapshot``, the installer before it restarts the unit) first calls :func:`prepare_socket_dir`:
 
 * the directory is created when missing (its missing parents root's, 0755), and made the
@@ -32,15 +32,14 @@ snapshot``, the installer before it restarts the unit) first calls :func:`prepar
   (``snapshot_files=True``) also remove the snapshot files whoever owns them: a stale marker or
   resume record would be read as this run's.
 
-The part between the markers below is copied verbatim into systemd/edge-supervise, which is
-installed alone (stdlib only, Python 3.8 on a Jetson: no annotations); tests/test_socket_dir.py
-holds the copy equal. Imported by the runtime only when its bind fails (:func:`bind_advice`).
+Standard library only, and no annotations (Python 3.8 on a Jetson): edge-supervise, which runs on
+the host's bare python3, is built with this module inside (image/supervisor_zipapp.py). Imported
+by the runtime only when its bind fails (:func:`bind_advice`).
 """
 
 import os
 import stat
 
-# --- copied from edge/system/socket_dir.py: keep equal (tests/test_socket_dir.py) ---
 SOCKET_DIR_MODE = 0o750  # the runtime's user and its group (the host apps), nobody else
 SOCKET_NAME = "edge.sock"
 SNAPSHOT_FILES = ("snapshot-point.json", "snapshot-resume.json")  # edge/runtime/snapshot.py MARKER, RESUME
@@ -227,7 +226,6 @@ def prepare_host_dirs(uid, gid, metrics_dir=None, state_dir=None):
     for d, mode in ((metrics_dir, 0o755), (state_dir, 0o750)):
         if d:
             prepare_socket_dir(d, uid, gid, mode, socket_name=None, leftovers=False)
-# --- end of copy ---
 
 
 def bind_advice(directory, host_dir=None, uid=None):

@@ -10,7 +10,7 @@ devices (default: the device named ``all``, else every device).
 A device node needs its type, major and minor in config.json. They are read from the
 host with ``stat`` (the spec rarely carries them, and majors such as nvhost's are assigned
 at boot). A node the build host lacks is *deferred*: left out of config.json, listed in
-``edge-bundle.json``, and resolved on the device at start by ``systemd/edge-supervise``.
+``edge-bundle.json``, and resolved on the device at start by ``edge-supervise`` (edge/supervise/bundle_start.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -21,15 +19,6 @@ from image.bundle.rootfs import Rootfs, elf_machine
 
 ORIN = FIXTURES / "cdi-orin.yaml"
 _MIB, _GIB = 1 << 20, 1 << 30
-
-
-def _supervise_module():
-    path = str(REPO / "systemd" / "edge-supervise")
-    loader = importlib.machinery.SourceFileLoader("edge_supervise", path)
-    spec = importlib.util.spec_from_loader("edge_supervise", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
 
 
 def _config(bundle: Path) -> dict:
@@ -245,7 +234,8 @@ def test_cdi_mountpoints_are_made_in_the_rootfs(tmp_path):
 
 
 def test_supervisor_resolves_deferred_devices_at_start(tmp_path):
-    sup = _supervise_module()
+    from edge.supervise import bundle_start as sup
+
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     config = oci_config.runtime_config(args=["python"], env={}, uid=UID, gid=GID, socket_dir_host="/s", arch="x86_64",
@@ -254,19 +244,20 @@ def test_supervisor_resolves_deferred_devices_at_start(tmp_path):
     meta = {"cdi": {"deferred_devices": [{"path": "/dev/nvmap", "hostPath": "/dev/null"}]}}
     work = tmp_path / "work"
     work.mkdir()
-    run_dir = sup._runtime_bundle(str(bundle), meta, str(work))
+    run_dir = sup.runtime_bundle(str(bundle), meta, str(work))
     assert run_dir == str(work)
     written = json.loads((work / "config.json").read_text())
     assert written["root"]["path"] == str(bundle / "rootfs")
     assert {"path": "/dev/nvmap", "type": "c", "major": 1, "minor": 3} .items() <= written["linux"]["devices"][0].items()
-    assert sup._runtime_bundle(str(bundle), {"cdi": None}, str(work)) == str(bundle)
+    assert sup.runtime_bundle(str(bundle), {"cdi": None}, str(work)) == str(bundle)
     meta["cdi"]["deferred_devices"] = [{"path": "/dev/nvmap", "hostPath": "/dev/no-such-gpu"}]
     with pytest.raises(FileNotFoundError, match="/dev/no-such-gpu"):
-        sup._runtime_bundle(str(bundle), meta, str(work))
+        sup.runtime_bundle(str(bundle), meta, str(work))
 
 
 def test_zmtp_frames_round_trip_sizes():
-    sup = _supervise_module()
+    from edge.supervise import probe as sup
+
     assert sup._zmtp_frame(b"ab") == b"\x00\x02ab"
     assert sup._zmtp_frame(b"ab", more=True) == b"\x01\x02ab"
     long = sup._zmtp_frame(b"x" * 300)

@@ -4,8 +4,6 @@ node_exporter reads on the host, written by the runtime under runc."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import stat
@@ -16,20 +14,13 @@ import pytest
 
 from edge.ipc.client import EdgeClient
 from image.bundle import metrics, oci_config
+from edge.supervise.bundle_start import prepare_host
 from image.bundle.layout import PYTHON_HOME, SITE
 
-from support.bundles import GID, REPO, UID, bundle_meta, private_bundle, runc_or_skip, start_container
+from support.bundles import GID, UID, bundle_meta, private_bundle, runc_or_skip, start_container
 from support.prometheus import promtool_check, samples, scrape_until, value
 
 REQUESTS = [["hello world"], ["the quick brown fox", "jumps over the lazy dog"], ["edge runs on a Jetson"] * 3]
-
-
-def _supervise_module():
-    path = str(REPO / "systemd" / "edge-supervise")
-    loader = importlib.machinery.SourceFileLoader("edge_supervise", path)
-    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader("edge_supervise", loader))
-    loader.exec_module(mod)
-    return mod
 
 
 def _config() -> dict:
@@ -73,14 +64,13 @@ def test_prometheus_client_is_looked_up_on_the_runtimes_module_path(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to the runtime's user needs root")
 def test_supervisor_makes_the_metrics_dir_for_the_runtime_readable_by_all(tmp_path):
-    sup = _supervise_module()
     meta = {"socket_dir": str(tmp_path / "run"), "metrics_dir": str(tmp_path / "metrics" / "edge"),
             "user": {"uid": UID, "gid": GID}}
-    sup._prepare_socket_dir(meta)
+    prepare_host(meta)
     st = os.stat(meta["metrics_dir"])
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (UID, GID, 0o755)
     assert stat.S_IMODE(os.stat(meta["socket_dir"]).st_mode) == 0o750
-    sup._prepare_socket_dir({**meta, "metrics_dir": None, "socket_dir": str(tmp_path / "run2")})  # older bundles
+    prepare_host({**meta, "metrics_dir": None, "socket_dir": str(tmp_path / "run2")})  # older bundles
     assert not (tmp_path / "run2" / "metrics").exists() and (tmp_path / "run2").is_dir()
 
 
@@ -113,7 +103,7 @@ def test_textfile_in_the_metrics_dir_counts_what_was_sent(ort_bundle, tmp_path):
     meta = bundle_meta(bundle)
     meta["metrics_dir"] = str(host_dir)
     (bundle / "edge-bundle.json").write_text(json.dumps(meta))
-    _supervise_module()._prepare_socket_dir(meta)  # the socket and metrics directories, as on the device
+    prepare_host(meta)  # the socket and metrics directories, as on the device
     textfile = host_dir / "edge.prom"
     container = start_container(bundle, tmp_path / "runc")
     try:

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 
-from support.bundles import (REPO, UID, bundle_meta, plain_runtime, prepare_socket_dir, runc_or_skip,
+from support.bundles import (UID, bundle_meta, plain_runtime, prepare_socket_dir, runc_or_skip,
                              start_container, stop_process)
+from support.supervisor import supervisor_file
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Jetson appliances boot in under two seconds.",
          "日本語の文も埋め込みます。"]
@@ -235,7 +236,7 @@ def test_runc_default_masks_and_the_tpm_are_masked(ort_bundle):
 
 def test_host_probe_speaks_zmtp_to_the_runtime(container, ort_bundle):
     meta = bundle_meta(ort_bundle)
-    out = subprocess.run([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--probe", meta["address"]],
+    out = subprocess.run([sys.executable, str(supervisor_file()), "--probe", meta["address"]],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout) == {"ready": True, "detail": "ready"}

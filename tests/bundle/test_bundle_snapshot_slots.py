@@ -11,8 +11,6 @@ copy of the cached bundle's config (support.bundles.private_bundle) as slot a.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -22,16 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from support.bundles import REPO, bundle_meta, criu_or_skip, private_bundle, runc_or_skip
+from support.bundles import bundle_meta, criu_or_skip, private_bundle, runc_or_skip
 from image.build_bundle import main
+from edge.system import snapshot_rules as rules
 from image.bundle import snapshot as S
-
-
-def _supervisor_module():
-    loader = importlib.machinery.SourceFileLoader("edge_supervise", str(REPO / "systemd" / "edge-supervise"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
 
 
 def _use_slot(root: Path, slot: str) -> Path:
@@ -60,15 +52,14 @@ def device_root(ort_bundle):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _check(sup, current: Path) -> str | None:
+def _check(current: Path) -> str | None:
     """edge-supervise's verdict on the snapshot of ``current``, as before a start."""
     meta = bundle_meta(current)
-    return sup.check_snapshot(sup.snapshot_dir(str(current)),
-                              sup.dependencies(str(current), meta, "runc", shutil.which("criu") or "criu"))
+    return rules.check_snapshot(rules.snapshot_dir(str(current)),
+                                rules.dependencies(str(current), meta, "runc", shutil.which("criu") or "criu"))
 
 
 def test_a_slots_snapshot_lives_outside_the_slot_keyed_by_the_bundles_digest(device_root, capsys):
-    sup = _supervisor_module()
     current = device_root / "opt/edge/bundle/current"
     sha = bundle_meta(current)["bundle_sha256"]
     cached = device_root / "var/cache/edge" / sha / "snapshot"
@@ -83,11 +74,10 @@ def test_a_slots_snapshot_lives_outside_the_slot_keyed_by_the_bundles_digest(dev
     capsys.readouterr()
     assert main(["snapshot", "--bundle", str(current), "--check"]) == 0
     assert capsys.readouterr().out == f"{cached}: can be restored\n"
-    assert _check(sup, current) is None  # the supervisor restores what edge-bundle snapshot wrote
+    assert _check(current) is None  # the supervisor restores what edge-bundle snapshot wrote
 
 
 def test_the_same_bundle_in_the_other_slot_refuses_slot_as_snapshot_and_retakes_it(device_root, capsys):
-    sup = _supervisor_module()
     a, b = device_root / "opt/edge/slots/a", device_root / "opt/edge/slots/b"
     current = device_root / "opt/edge/bundle/current"
     cached = device_root / "var/cache/edge" / bundle_meta(current)["bundle_sha256"] / "snapshot"
@@ -100,9 +90,9 @@ def test_the_same_bundle_in_the_other_slot_refuses_slot_as_snapshot_and_retakes_
     capsys.readouterr()
     assert main(["snapshot", "--bundle", str(current), "--check"]) == 1
     assert capsys.readouterr().out == f"{cached}: {stale}\n"
-    assert _check(sup, current) == stale
+    assert _check(current) == stale
     S.take_snapshot(current)  # what edge-supervise does after the fresh start it falls back to
-    assert S.check_snapshot(current) is None and _check(sup, current) is None
+    assert S.check_snapshot(current) is None and _check(current) is None
     config = json.loads((cached / "config.json").read_text())
     assert config["process"]["args"][-1] == "--snapshot-point"
     assert S.check_snapshot(a / "bundle").startswith("taken for another bundle_path")

@@ -1,4 +1,4 @@
-"""systemd/edge-supervise's snapshot boot with the real runc and CRIU: a fresh start takes a
+"""edge-supervise's snapshot boot with the real runc and CRIU: a fresh start takes a
 snapshot in the background, the next starts restore it, and a stale, partial or failing snapshot
 is refused, removed and replaced while the start goes on fresh; then the same under a real
 systemd (systemd-nspawn).
@@ -12,8 +12,6 @@ makes sure one is there.
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shutil
@@ -30,17 +28,9 @@ import pytest
 from edge.system.readiness import NotifiedProcess
 
 from support.bundles import REPO, bundle_meta, criu_or_skip, private_bundle, runc_or_skip
+from support.supervisor import supervisor_file
 
-SUPERVISOR = REPO / "systemd" / "edge-supervise"
 SENTENCES = ["a snapshot is a boot that already happened", "restored", "x " * 300]
-
-
-def _supervisor_module():
-    """systemd/edge-supervise as a module (a file without .py, installed alone)."""
-    loader = importlib.machinery.SourceFileLoader("edge_supervise", str(SUPERVISOR))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
 
 
 def _snapshot_dir(bundle: Path) -> Path:
@@ -57,7 +47,7 @@ class Supervised:
         self.sockets = Path(bundle_meta(bundle)["socket_dir"])
         (self.sockets / "timeline.json").unlink(missing_ok=True)  # the next one is this start's
         env = {**os.environ, "WATCHDOG_USEC": "1000000", "RUNTIME_DIRECTORY": str(workdir)}
-        self.sup = NotifiedProcess([sys.executable, str(SUPERVISOR), "--bundle", str(bundle), "--id", self.id,
+        self.sup = NotifiedProcess([sys.executable, str(supervisor_file()), "--bundle", str(bundle), "--id", self.id,
                                     *extra], notify_path=workdir / f"{self.id}.notify", log_path=self.log, env=env)
         self.address = bundle_meta(bundle)["address"]
 
@@ -165,27 +155,29 @@ def fresh(snap_bundle, tmp_path_factory):
 
 
 def test_the_supervisor_builds_the_config_and_dependencies_edge_bundle_snapshot_does(ort_bundle):
+    from edge.supervise import snapshot as sup
+    from edge.system import snapshot_rules as rules
     from image.bundle import snapshot as image_snapshot
 
-    sup = _supervisor_module()
     config = json.loads((ort_bundle / "config.json").read_text())
     assert sup.snapshot_config(str(ort_bundle), config) == image_snapshot.snapshot_config(ort_bundle)
-    assert sup.dependencies(str(ort_bundle), bundle_meta(ort_bundle), "runc") == image_snapshot.dependencies(ort_bundle)
-    assert sup.snapshot_dir(str(ort_bundle)) == str(image_snapshot.snapshot_dir(ort_bundle.resolve()))
-    assert (sup.SNAPSHOT_FORMAT, sup.MARKER, sup.RESUME) == (image_snapshot.SNAPSHOT_FORMAT, image_snapshot.MARKER,
+    assert rules.dependencies(str(ort_bundle), bundle_meta(ort_bundle), "runc") == image_snapshot.dependencies(ort_bundle)
+    assert rules.snapshot_dir(str(ort_bundle)) == str(image_snapshot.snapshot_dir(ort_bundle.resolve()))
+    assert (rules.SNAPSHOT_FORMAT, rules.MARKER, rules.RESUME) == (image_snapshot.SNAPSHOT_FORMAT, image_snapshot.MARKER,
                                                             image_snapshot.RESUME)
 
 
 def test_a_bind_source_the_user_namespace_cannot_reach_is_named(tmp_path):
-    sup = _supervisor_module()
+    from edge.system.snapshot_rules import unreachable_in_userns
+
     locked = tmp_path / "locked"
     (locked / "run").mkdir(parents=True)
     locked.chmod(0o700)
     config = {"root": {"path": "/usr"}, "mounts": [{"type": "bind", "source": str(locked / "run")},
                                                     {"type": "tmpfs", "source": "tmpfs"}]}
-    assert sup._unreachable_in_userns(config).startswith(f"{locked} (mode 0700, above {locked / 'run'})")
+    assert unreachable_in_userns(config).startswith(f"{locked} (mode 0700, above {locked / 'run'})")
     locked.chmod(0o711)
-    why = sup._unreachable_in_userns(config)  # None, or a directory above (pytest's tmp_path is 0700)
+    why = unreachable_in_userns(config)  # None, or a directory above (pytest's tmp_path is 0700)
     assert why is None or not why.startswith(f"{locked} "), why
 
 
@@ -438,7 +430,7 @@ def _run_under_nspawn(nspawn: str, bundle: Path, tmp_path: Path) -> dict:
     nsp, out = tmp_path / "nsp", tmp_path / "out"
     nsp.mkdir()
     out.mkdir()
-    shutil.copyfile(SUPERVISOR, nsp / "edge-supervise")
+    shutil.copyfile(supervisor_file(), nsp / "edge-supervise")
     text = (REPO / "systemd" / "edge.service").read_text()
     text = text.replace("/usr/local/lib/edge/edge-supervise", "/nsp/edge-supervise")
     text = text.replace("EDGE_BUNDLE=/opt/edge/bundle/current", f"EDGE_BUNDLE={bundle}")

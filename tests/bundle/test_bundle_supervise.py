@@ -1,4 +1,4 @@
-"""systemd/edge-supervise with the real runc: READY passed on, WATCHDOG=1 fed by host-side
+"""edge-supervise (the file `edge-bundle supervisor` builds) with the real runc: READY passed on, WATCHDOG=1 fed by host-side
 health probes, SIGTERM drains the runtime and the container is deleted; the bundle as built
 (its own config.json: RLIMIT_NOFILE 65536), started by hand on a host that may not grant that.
 
@@ -7,8 +7,6 @@ A module of its own: the container of test_bundle_runc.py binds the same socket 
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import resource
@@ -20,18 +18,13 @@ import pytest
 
 from edge.system.readiness import NotifiedProcess
 
-from support.bundles import REPO, host_nofile, runc_or_skip, supervisor_events
-
-
-def _supervise_module():
-    loader = importlib.machinery.SourceFileLoader("edge_supervise", str(REPO / "systemd" / "edge-supervise"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+from support.bundles import host_nofile, runc_or_skip, supervisor_events
+from support.supervisor import supervisor_file
 
 
 def test_nofile_grant_is_what_setrlimit_allows_and_leaves_the_limit_as_it_was():
-    sup = _supervise_module()
+    from edge.supervise import bundle_start as sup
+
     before = resource.getrlimit(resource.RLIMIT_NOFILE)
     hard = before[1]
     if hard == resource.RLIM_INFINITY:
@@ -44,7 +37,8 @@ def test_nofile_grant_is_what_setrlimit_allows_and_leaves_the_limit_as_it_was():
 
 
 def test_a_limit_it_cannot_grant_is_capped_in_a_runtime_copy_with_a_warning(tmp_path, monkeypatch, capsys):
-    sup = _supervise_module()
+    from edge.supervise import bundle_start as sup
+
     bundle, work = tmp_path / "bundle", tmp_path / "work"
     bundle.mkdir()
     work.mkdir()
@@ -56,14 +50,14 @@ def test_a_limit_it_cannot_grant_is_capped_in_a_runtime_copy_with_a_warning(tmp_
     text = json.dumps(config)
     (bundle / "config.json").write_text(text)
     monkeypatch.setattr(sup, "nofile_grant", lambda wanted: min(wanted, 1024))
-    assert sup._nofile_cap(str(bundle)) == 1024
+    assert sup.nofile_cap(str(bundle)) == 1024
     (line,) = capsys.readouterr().out.splitlines()
     event = json.loads(line)
     assert event["event"] == "supervise.nofile_capped" and (event["wanted"], event["granted"]) == (65536, 1024)
     assert event["warning"] == ("bundle asks NOFILE 65536, this process may grant 1024 at most (no CAP_SYS_RESOURCE "
                                 "to raise its hard limit); starting with 1024; raise it with LimitNOFILE= in "
                                 "edge.service")
-    assert sup._runtime_bundle(str(bundle), {}, str(work), 1024) == str(work)
+    assert sup.runtime_bundle(str(bundle), {}, str(work), 1024) == str(work)
     written = json.loads((work / "config.json").read_text())
     assert written["process"]["rlimits"] == [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
                                              {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}]
@@ -71,14 +65,14 @@ def test_a_limit_it_cannot_grant_is_capped_in_a_runtime_copy_with_a_warning(tmp_
     assert (bundle / "config.json").read_text() == text  # the bundle itself: untouched
     # Granted: no copy, no warning.
     monkeypatch.setattr(sup, "nofile_grant", lambda wanted: wanted)
-    assert sup._nofile_cap(str(bundle)) is None and capsys.readouterr().out == ""
-    assert sup._runtime_bundle(str(bundle), {}, str(work), None) == str(bundle)
+    assert sup.nofile_cap(str(bundle)) is None and capsys.readouterr().out == ""
+    assert sup.runtime_bundle(str(bundle), {}, str(work), None) == str(bundle)
     # A snapshot taken under the cap is stale once the limit is granted (and the other way round).
     snap = tmp_path / "snap"
     snap.mkdir()
     (snap / "config.json").write_text(json.dumps(written))
-    assert sup._nofile_differs(str(snap), str(work)) is None
-    assert sup._nofile_differs(str(snap), str(bundle)) == "taken with RLIMIT_NOFILE 1024, this start's is 65536"
+    assert sup.nofile_differs(str(snap), str(work)) is None
+    assert sup.nofile_differs(str(snap), str(bundle)) == "taken with RLIMIT_NOFILE 1024, this start's is 65536"
 
 
 def _container_nofile(runc: str, cid: str) -> list[int]:
@@ -96,7 +90,7 @@ def test_supervisor_relays_ready_feeds_the_watchdog_and_deletes_the_container(or
     (wanted,) = [r["hard"] for r in json.loads(config_before)["process"]["rlimits"] if r["type"] == "RLIMIT_NOFILE"]
     granted = host_nofile(wanted)  # what this process (and so the supervisor, its child) can grant runc
     # The bundle itself, not a lowered copy: the supervisor caps what this host cannot grant.
-    sup = NotifiedProcess([sys.executable, str(REPO / "systemd" / "edge-supervise"), "--bundle", str(ort_bundle),
+    sup = NotifiedProcess([sys.executable, str(supervisor_file()), "--bundle", str(ort_bundle),
                            "--id", cid, "--snapshot", "off"],  # no snapshot beside the cached bundle (own tests)
                           notify_path=tmp_path / "systemd-notify.sock", log_path=tmp_path / "sup.log", env=env)
     try:

@@ -21,6 +21,7 @@ import uuid
 import pytest
 
 from support.bundles import REPO, bundle_meta, host_nofile, runc_or_skip, supervisor_events
+from support.supervisor import supervisor_file
 
 # Runs in the nspawn container as probe.service; host python3, stdlib only. argv: unit name.
 _PROBE = r'''
@@ -90,7 +91,7 @@ def test_unit_and_container_limits_are_in_effect_under_systemd(ort_bundle, tmp_p
     (wanted,) = [r["hard"] for r in json.loads(config_before)["process"]["rlimits"] if r["type"] == "RLIMIT_NOFILE"]
     # systemd gives LimitNOFILE=65536 where it can, else the closest: nspawn's hard limit, this process's.
     granted = host_nofile(wanted)
-    shutil.copyfile(REPO / "systemd" / "edge-supervise", nsp / "edge-supervise")
+    shutil.copyfile(supervisor_file(), nsp / "edge-supervise")
     text = (REPO / "systemd" / "edge.service").read_text()
     text = text.replace("/usr/local/lib/edge/edge-supervise", "/nsp/edge-supervise")
     text = text.replace("EDGE_BUNDLE=/opt/edge/bundle/current", f"EDGE_BUNDLE={inside}")

@@ -251,28 +251,23 @@ def test_coldstart_reports_the_newest_record(root, host):
 
 def test_snapshot_dir_is_the_rule_of_image_and_edge_supervise(root):
     """edge/ does not import image/: doctor's copy of the rule gives the same directory as
-    image/bundle/snapshot.py's and systemd/edge-supervise's, for a slot's bundle and any other."""
-    import importlib.machinery
-    import importlib.util
-
+    image/bundle/snapshot.py's and edge-supervise's (edge/system/snapshot_rules.py), for a slot's
+    bundle and any other."""
     from edge.commands.doctor.tools import snapshot_dir
+    from edge.system import snapshot_rules as rules
     from image.bundle import snapshot as S
 
-    path = Path(__file__).resolve().parents[2] / "systemd" / "edge-supervise"
-    loader = importlib.machinery.SourceFileLoader("edge_supervise_doctor", str(path))
-    sup = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(sup)
     slot = install_bundle(root)
     plain = root / "v3"
     plain.mkdir()
     write(plain / "edge-bundle.json", json.dumps({"bundle_sha256": SHA}))
     for bundle in (root / "opt/edge/bundle/current", slot, plain):
-        assert snapshot_dir(bundle) == S.snapshot_dir(bundle) == Path(sup.snapshot_dir(bundle)), bundle
+        assert snapshot_dir(bundle) == S.snapshot_dir(bundle) == Path(rules.snapshot_dir(bundle)), bundle
     assert snapshot_dir(slot) == root / "var/cache/edge" / SHA / "snapshot"
     assert snapshot_dir(plain) == Path(f"{plain}.snapshot")
     from edge.commands.doctor.tools import SNAPSHOT_FORMAT
 
-    assert sup.SNAPSHOT_FORMAT == S.SNAPSHOT_FORMAT == SNAPSHOT_FORMAT
+    assert rules.SNAPSHOT_FORMAT == S.SNAPSHOT_FORMAT == SNAPSHOT_FORMAT
 
 
 def test_default_budget_is_the_manifests(root, host):

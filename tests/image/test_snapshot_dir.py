@@ -1,13 +1,11 @@
-"""Where a bundle's snapshot lives, by both copies of the rule (image/bundle/snapshot.py and
-systemd/edge-supervise ``snapshot_dir``): an installed slot's bundle keeps it outside the slot,
+"""Where a bundle's snapshot lives, by the rule of image/bundle/snapshot.py and of edge-supervise
+(edge/system/snapshot_rules.py ``snapshot_dir``): an installed slot's bundle keeps it outside the slot,
 in ``ROOT/var/cache/edge/<bundle_sha256>/snapshot``; any other bundle beside itself, in
 ``<bundle>.snapshot``. Paths only: no container runs (tests/bundle/test_bundle_snapshot_slots.py
 takes a real one)."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import stat
@@ -23,11 +21,10 @@ SHA = "5e" * 32
 
 @pytest.fixture(scope="module")
 def sup():
-    """systemd/edge-supervise as a module (a file without .py, installed alone)."""
-    loader = importlib.machinery.SourceFileLoader("edge_supervise", str(REPO / "systemd" / "edge-supervise"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+    """edge-supervise's rule (edge/system/snapshot_rules.py)."""
+    from edge.system import snapshot_rules
+
+    return snapshot_rules
 
 
 def _installed(root: Path, slot: str = "a", sha: str = SHA, archive: bool = True) -> Path:
@@ -100,7 +97,9 @@ def test_a_bundle_that_is_not_exactly_an_installed_slots_keeps_it_beside_itself(
 
 
 def test_the_cache_directories_are_made_0755_whatever_the_umask(sup, tmp_path):
-    for name, make in (("image", S.make_parents), ("supervise", sup.make_parents)):
+    from edge.system.socket_dir import make_parents
+
+    for name, make in (("image", S.make_parents), ("supervise", make_parents)):
         snap = tmp_path / name / "var/cache/edge" / SHA / "snapshot"
         (tmp_path / name).mkdir(mode=0o711)
         old = os.umask(0o077)

@@ -32,6 +32,7 @@ import pytest
 from image.bundle.digest import ENV_NAME, bundle_digest
 from image.bundle.oci_config import STATE_DIR
 from support.bundles import REPO, host_nofile
+from support.supervisor import supervisor_file
 
 UNITS = "/etc/systemd/system"
 # What the scenarios import (``from trial_probe import *``): the probe unit's PYTHONPATH is its directory
@@ -152,7 +153,7 @@ class Machine:
 
     def _write_units(self, sustain_s: float, interval_s: float, burst: int | None) -> None:
         trial = str(Path(sys.executable).with_name("edge-trial"))
-        shutil.copyfile(REPO / "systemd" / "edge-supervise", self.nsp / "edge-supervise")
+        shutil.copyfile(supervisor_file(), self.nsp / "edge-supervise")
         renames = {"edge-trial-failed.service": f"{self.unit}-trial-failed.service",
                    "edge-trial.service": f"{self.unit}-trial.service"}
         units = {}

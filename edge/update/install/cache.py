@@ -1,7 +1,7 @@
 """The caches of installed bundles: ``ROOT/var/cache/edge/<bundle_sha256>/`` (layout.py).
 
 Engine caches and snapshots belong to a bundle, not to a slot, so they live outside the slots,
-keyed by the bundle's digest (systemd/edge-supervise and image/bundle/snapshot.py ``snapshot_dir``
+keyed by the bundle's digest (edge/system/snapshot_rules.py ``snapshot_dir``
 put a slot's snapshot in ``<digest>/snapshot``). A bundle installed again, or rolled back to,
 finds its own; a bundle in neither slot can never be started again without a new install, so
 its cache goes when a slot is replaced (:func:`prune_caches`).

@@ -1,0 +1,287 @@
+"""Snapshot boot under systemd: restore the container from the bundle's snapshot, or, after a fresh
+READY, take one in the background for the next start (docs/snapshot.md). Where the snapshot lives
+and when it is valid: edge/system/snapshot_rules.py, the rule edge-bundle snapshot and edge doctor
+apply too."""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+
+from edge.supervise.bundle_start import absolute_paths
+from edge.supervise.logs import Output, log, log_tail
+from edge.supervise.runc import Detached, run_runc, snapshot_id
+from edge.supervise.probe import probe
+from edge.supervise.start_record import StartRecord
+from edge.system.socket_dir import make_parents
+from edge.system.snapshot_rules import (MARKER, RESUME, SNAPSHOT_FORMAT, USERNS_BASE, USERNS_SIZE, dependencies,
+                                        snapshot_dir, tool_version, unreachable_in_userns)
+
+# CRIU options for the checkpoint (runc's org.criu.config annotation), as image/bundle/snapshot.py:
+# no network lock (loopback only, no socket open at the snapshot point), for a CRIU that takes it
+# in an RPC configuration file (image/criu/build.sh's, GitID v4.1.1-edge1).
+CRIU_CONF = "network-lock skip\n"
+CRIU_CONF_OK = "v4.1.1-edge1"
+# Restored on this machine in 0.2-0.3 s to a ready probe (ORT); a CUDA device's stages run after
+# the restore, so leave them time. A fresh start then still gets its whole READY_TIMEOUT_S.
+RESTORE_READY_TIMEOUT_S = 30.0
+SNAPSHOT_POINT_TIMEOUT_S = 120.0  # the snapshot container's boot to its snapshot point
+RESTORE_PROBE_EVERY_S = 0.02  # a refused connect costs microseconds; ready is seen within 20 ms
+
+
+def _id_map(keep):
+    """Container ids onto host ids: ``keep`` to itself, the rest of 0..65535 above USERNS_BASE."""
+    return [{"containerID": 0, "hostID": USERNS_BASE, "size": keep},
+            {"containerID": keep, "hostID": keep, "size": 1},
+            {"containerID": keep + 1, "hostID": USERNS_BASE + keep + 1, "size": USERNS_SIZE - keep - 1}]
+
+
+def _site_criu_conf():
+    """/etc/criu/runc.conf, which runc gives CRIU unless an annotation names another file: ours
+    names ours, so the site's options are carried into it (as image/bundle/snapshot.py does)."""
+    try:
+        with open("/etc/criu/runc.conf") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text if text.endswith("\n") or not text else text + "\n"
+
+
+def snapshot_config(bundle, config):
+    """The config.json a snapshot is taken and restored with: ``config`` (the bundle's, or its
+    runtime copy) with ``--snapshot-point``, a user namespace (CRIU must read the runtime's
+    limits, which takes CAP_SYS_RESOURCE; root has every capability in a namespace it owns) and
+    absolute paths. image/bundle/snapshot.py ``snapshot_config`` builds the same."""
+    config = absolute_paths(json.loads(json.dumps(config)), bundle)
+    process = config["process"]
+    process["args"] = [*process["args"], "--snapshot-point"]
+    linux = config["linux"]
+    if not any(ns["type"] == "user" for ns in linux["namespaces"]):
+        linux["namespaces"].append({"type": "user"})
+    linux["uidMappings"] = _id_map(process["user"]["uid"])
+    linux["gidMappings"] = _id_map(process["user"]["gid"])
+    return config
+
+
+def discard(snap):
+    """A snapshot that was refused or failed goes, so the next fresh READY can take a new one."""
+    try:
+        if os.path.isdir(snap) and not os.path.islink(snap):
+            shutil.rmtree(snap)
+        elif os.path.lexists(snap):
+            os.unlink(snap)
+        return True
+    except OSError as exc:
+        log("supervise.snapshot_not_removed", path=snap, error=str(exc))
+        return False
+
+
+def _write_resume(socket_dir, meta, started_ns):
+    """``snapshot-resume.json``, atomically, readable by the runtime; never through a link the
+    runtime's user (the directory's owner) may have planted: a new file, renamed into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{RESUME}.", dir=socket_dir)
+    try:
+        os.fchown(fd, meta["user"]["uid"], meta["user"]["gid"])
+        os.fchmod(fd, 0o640)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"restored": True, "restore_started_realtime_ns": started_ns}, f)
+        os.replace(tmp, os.path.join(socket_dir, RESUME))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class NotRestored(Exception):
+    """Why the snapshot was not restored: the start goes on fresh."""
+
+
+def restore(snap, meta, args, env, stopping):
+    """Container ``args.id`` from the snapshot, resumed: (Detached, Output, seconds to ready, or
+    None when a stop signal came first). Returns as soon as its health probe answers ready;
+    raises NotRestored when it cannot."""
+    t0 = time.monotonic()
+    started_ns = time.clock_gettime_ns(time.CLOCK_REALTIME)  # the runtime's restore stage starts here
+    runc = subprocess.Popen([args.runc, "restore", "-d", "--image-path", os.path.join(snap, "images"),
+                             "--bundle", snap, "--file-locks", args.id], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = Output(runc.stdout, forward=True)  # the restored runtime's log, to the journal
+    try:
+        status = runc.wait(RESTORE_READY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        runc.kill()
+        runc.wait()
+        raise NotRestored(f"runc restore did not finish in {RESTORE_READY_TIMEOUT_S:g} s") from None
+    if status != 0:
+        raise NotRestored(f"runc restore exited {status}: {output.tail(500)} "
+                          f"{log_tail(os.path.join(snap, 'images', 'restore.log'), 800)}")
+    container = Detached(args.runc, args.id)
+    try:
+        if container.poll() is not None:
+            raise NotRestored(f"the restored container is not running: {output.tail()}")
+        _write_resume(meta["socket_dir"], meta, started_ns)
+        try:  # the container's init, directly: `runc kill` would cost another exec (~20 ms)
+            container.signal(signal.SIGUSR2)
+        except OSError as exc:
+            raise NotRestored(f"cannot resume the restored container {args.id}: {exc}") from None
+        detail = "no probe yet"
+        while not stopping:
+            ok, detail = probe(meta["address"], 1.0)
+            if ok:
+                return container, output, time.monotonic() - t0
+            if container.poll() is not None:
+                time.sleep(0.2)  # its last lines
+                raise NotRestored(f"the restored runtime exited before it was ready: {output.tail()}")
+            if time.monotonic() - t0 > RESTORE_READY_TIMEOUT_S:
+                raise NotRestored(f"the restored runtime was not ready within {RESTORE_READY_TIMEOUT_S:g} s "
+                                  f"({detail})")
+            time.sleep(RESTORE_PROBE_EVERY_S)
+    except BaseException:
+        container.close()
+        raise
+    return container, output, None
+
+
+def _read_marker(path, since_ns):
+    """The snapshot point's marker, when the container we started wrote it (newer than
+    ``since_ns``; a regular file: no link or fifo of the runtime's user stalls us); else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_mtime_ns < since_ns:
+            return None
+        try:
+            record = json.loads(f.read(1 << 20))
+        except ValueError:
+            return None
+    return record if isinstance(record, dict) else None
+
+
+class SnapshotTaker(threading.Thread):
+    """After a fresh READY, off its path: run the bundle again as container ``<id>-snapshot`` to its
+    snapshot point, ``runc checkpoint`` it into ``<snapshot dir>.new`` and rename that into place.
+
+    The second container binds the same socket directory as the serving one, as a restore must,
+    and disturbs nothing there: it stops before it binds, and writes only ``snapshot-point.json``
+    (removed first, so the marker seen is its own) and removes ``snapshot-resume.json``, which
+    the serving runtime read at its own start. Failures only log."""
+
+    def __init__(self, bundle, run_bundle, meta, args, env, record=None):
+        super().__init__(name="snapshot", daemon=True)
+        self.record = record or StartRecord(None)
+        self.bundle, self.run_bundle, self.meta, self.runc, self.env = bundle, run_bundle, meta, args.runc, env
+        self.cid = snapshot_id(args.id)
+        self.snap = snapshot_dir(bundle)
+        self.staging = self.snap + ".new"
+        self.aborted = threading.Event()
+
+    def abort(self):
+        """The unit stops: end the snapshot container now; run() cleans up."""
+        self.aborted.set()
+        run_runc(["kill", self.cid, "KILL"], self.runc)
+
+    def run(self):
+        t0 = time.monotonic()
+        try:
+            record = self._take()
+            log("supervise.snapshot_taken", path=self.snap, seconds=round(time.monotonic() - t0, 3),
+                 **{k: record[k] for k in ("image_bytes", "snapshot_point_s", "checkpoint_s")})
+            outcome = {"snapshot": "taken"}
+        except Exception as exc:  # never the unit's failure
+            log("supervise.snapshot_failed", seconds=round(time.monotonic() - t0, 3),
+                 error="stopped: the unit is stopping" if self.aborted.is_set() else f"{exc}"[-2000:])
+            outcome = {"snapshot": "failed", "snapshot_error": f"{exc}"[-500:]}
+        finally:
+            run_runc(["delete", "--force", self.cid], self.runc)
+            shutil.rmtree(self.staging, ignore_errors=True)
+        self.record.stamp("snapshot_done", **outcome)  # after the cleanup: the machine is quiet again
+
+    def _take(self):
+        if shutil.which("criu") is None:
+            raise RuntimeError("no criu on PATH (runc checkpoint needs CRIU >= 4.1)")
+        make_parents(self.snap)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        images = os.path.join(self.staging, "images")
+        os.makedirs(images)
+        os.chmod(self.staging, 0o700)  # the runtime's memory: root's only (CRIU reads it as root)
+        os.chmod(images, 0o711)  # as edge-bundle snapshot makes it
+        with open(os.path.join(self.run_bundle, "config.json")) as f:
+            config = snapshot_config(self.bundle, json.load(f))
+        blocked = unreachable_in_userns(config)
+        if blocked:
+            raise RuntimeError(f"it could not be restored: {blocked}")
+        checkpoint_config = config
+        if CRIU_CONF_OK in tool_version([shutil.which("criu") or "criu", "--version"]):  # as edge-bundle snapshot
+            conf = os.path.join(self.staging, "criu.conf")
+            with open(conf, "w") as f:
+                f.write(_site_criu_conf() + CRIU_CONF)
+            checkpoint_config = {**config, "annotations": {**config.get("annotations", {}), "org.criu.config": conf}}
+        with open(os.path.join(self.staging, "config.json"), "w") as f:
+            json.dump(checkpoint_config, f, indent=1)
+        marker = os.path.join(self.meta["socket_dir"], MARKER)
+        try:
+            os.unlink(marker)
+        except FileNotFoundError:
+            pass
+        since_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - 10**9  # mtime is a coarse clock
+        t0 = time.monotonic()
+        run_runc(["delete", "--force", self.cid], self.runc)
+        proc = subprocess.Popen([self.runc, "run", "-d", "--bundle", self.staging, self.cid], env=self.env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        output = Output(proc.stdout, forward=False)  # a second boot's log would only confuse the journal
+        try:
+            status = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise RuntimeError("runc run -d did not return in 60 s") from None
+        if status != 0:
+            raise RuntimeError(f"runc run -d exited {status}: {output.tail()}")
+        container = Detached(self.runc, self.cid)
+        try:
+            while (point := _read_marker(marker, since_ns)) is None:
+                if self.aborted.is_set():
+                    raise RuntimeError("stopped")
+                if container.poll() is not None:
+                    raise RuntimeError(f"the container ended before its snapshot point: {output.tail()}")
+                if time.monotonic() - t0 > SNAPSHOT_POINT_TIMEOUT_S:
+                    raise RuntimeError(f"no {MARKER} within {SNAPSHOT_POINT_TIMEOUT_S:g} s: {output.tail()}")
+                time.sleep(0.05)
+        finally:
+            container.close()
+        point_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        r = run_runc(["checkpoint", "--image-path", images, "--file-locks", self.cid], self.runc, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"runc checkpoint exited {r.returncode}: {r.stderr.strip()[-500:]} "
+                               f"{log_tail(os.path.join(images, 'dump.log'), 1000)}")
+        checkpoint_s = time.monotonic() - t1
+        run_runc(["delete", "--force", self.cid], self.runc)
+        with open(os.path.join(self.staging, "config.json"), "w") as f:  # restores take the lock method from the images
+            json.dump(config, f, indent=1)
+        try:
+            os.unlink(os.path.join(self.staging, "criu.conf"))
+        except FileNotFoundError:
+            pass
+        sizes = {name: os.path.getsize(os.path.join(images, name)) for name in sorted(os.listdir(images))
+                 if os.path.isfile(os.path.join(images, name))}
+        record = {"format": SNAPSHOT_FORMAT, "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  "dependencies": dependencies(self.bundle, self.meta, self.runc, shutil.which("criu") or "criu"),
+                  "images": sizes, "image_bytes": sum(sizes.values()), "snapshot_point_s": round(point_s, 3),
+                  "checkpoint_s": round(checkpoint_s, 3), "taken_by": "edge-supervise",
+                  "runtime": {"pid": point.get("pid"), "files": point.get("files", [])}}
+        with open(os.path.join(self.staging, "snapshot.json"), "w") as f:
+            f.write(json.dumps(record, indent=1) + "\n")
+        if os.path.lexists(self.snap) and not discard(self.snap):
+            raise RuntimeError(f"{self.snap} could not be replaced")
+        os.replace(self.staging, self.snap)
+        return record
