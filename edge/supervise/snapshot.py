@@ -19,14 +19,9 @@ from edge.supervise.runc import Detached, run_runc, snapshot_id
 from edge.supervise.probe import probe
 from edge.supervise.start_record import StartRecord
 from edge.system.socket_dir import make_parents
-from edge.system.snapshot_rules import (MARKER, RESUME, SNAPSHOT_FORMAT, USERNS_BASE, USERNS_SIZE, dependencies,
-                                        snapshot_dir, tool_version, unreachable_in_userns)
+from edge.system.snapshot_rules import (CRIU_CONF, CRIU_CONF_OK, MARKER, RESUME, SNAPSHOT_FORMAT, as_snapshot_config,
+                                        dependencies, site_criu_conf, snapshot_dir, tool_version, unreachable_in_userns)
 
-# CRIU options for the checkpoint (runc's org.criu.config annotation), as image/bundle/snapshot.py:
-# no network lock (loopback only, no socket open at the snapshot point), for a CRIU that takes it
-# in an RPC configuration file (image/criu/build.sh's, GitID v4.1.1-edge1).
-CRIU_CONF = "network-lock skip\n"
-CRIU_CONF_OK = "v4.1.1-edge1"
 # Restored on this machine in 0.2-0.3 s to a ready probe (ORT); a CUDA device's stages run after
 # the restore, so leave them time. A fresh start then still gets its whole READY_TIMEOUT_S.
 RESTORE_READY_TIMEOUT_S = 30.0
@@ -34,38 +29,12 @@ SNAPSHOT_POINT_TIMEOUT_S = 120.0  # the snapshot container's boot to its snapsho
 RESTORE_PROBE_EVERY_S = 0.02  # a refused connect costs microseconds; ready is seen within 20 ms
 
 
-def _id_map(keep):
-    """Container ids onto host ids: ``keep`` to itself, the rest of 0..65535 above USERNS_BASE."""
-    return [{"containerID": 0, "hostID": USERNS_BASE, "size": keep},
-            {"containerID": keep, "hostID": keep, "size": 1},
-            {"containerID": keep + 1, "hostID": USERNS_BASE + keep + 1, "size": USERNS_SIZE - keep - 1}]
-
-
-def _site_criu_conf():
-    """/etc/criu/runc.conf, which runc gives CRIU unless an annotation names another file: ours
-    names ours, so the site's options are carried into it (as image/bundle/snapshot.py does)."""
-    try:
-        with open("/etc/criu/runc.conf") as f:
-            text = f.read()
-    except OSError:
-        return ""
-    return text if text.endswith("\n") or not text else text + "\n"
-
-
 def snapshot_config(bundle, config):
     """The config.json a snapshot is taken and restored with: ``config`` (the bundle's, or its
     runtime copy) with ``--snapshot-point``, a user namespace (CRIU must read the runtime's
     limits, which takes CAP_SYS_RESOURCE; root has every capability in a namespace it owns) and
     absolute paths. image/bundle/snapshot.py ``snapshot_config`` builds the same."""
-    config = absolute_paths(json.loads(json.dumps(config)), bundle)
-    process = config["process"]
-    process["args"] = [*process["args"], "--snapshot-point"]
-    linux = config["linux"]
-    if not any(ns["type"] == "user" for ns in linux["namespaces"]):
-        linux["namespaces"].append({"type": "user"})
-    linux["uidMappings"] = _id_map(process["user"]["uid"])
-    linux["gidMappings"] = _id_map(process["user"]["gid"])
-    return config
+    return as_snapshot_config(absolute_paths(json.loads(json.dumps(config)), bundle))
 
 
 def discard(snap):
@@ -224,7 +193,7 @@ class SnapshotTaker(threading.Thread):
         if CRIU_CONF_OK in tool_version([shutil.which("criu") or "criu", "--version"]):  # as edge-bundle snapshot
             conf = os.path.join(self.staging, "criu.conf")
             with open(conf, "w") as f:
-                f.write(_site_criu_conf() + CRIU_CONF)
+                f.write(site_criu_conf() + CRIU_CONF)
             checkpoint_config = {**config, "annotations": {**config.get("annotations", {}), "org.criu.config": conf}}
         with open(os.path.join(self.staging, "config.json"), "w") as f:
             json.dump(checkpoint_config, f, indent=1)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -36,21 +35,12 @@ import threading
 import time
 from pathlib import Path
 
+from edge.system import snapshot_rules as rules
+from edge.system.snapshot_rules import (CRIU_CONF, CRIU_CONF_OK, MARKER, RESUME, SNAPSHOT_FORMAT, USERNS_BASE,
+                                        site_criu_conf, tool_version)
+
 __all__ = ["SnapshotError", "snapshot_dir", "snapshot_config", "dependencies", "take_snapshot", "check_snapshot",
            "restore", "SNAPSHOT_FORMAT"]
-
-SNAPSHOT_FORMAT = 1
-MARKER = "snapshot-point.json"  # edge.runtime.snapshot.MARKER (the runtime's side; not imported: no edge on a bare host)
-RESUME = "snapshot-resume.json"
-USERNS_BASE = 100000  # host ids of the container's other ids
-USERNS_SIZE = 65536
-# CRIU options for the checkpoint, through runc's org.criu.config annotation. The container's
-# network namespace holds loopback only and the runtime has no socket open at its snapshot
-# point, so there is nothing to lock; the iptables lock was 100 of a restore's 215 ms here.
-# Only a CRIU that takes network-lock in an RPC configuration file (image/criu/build.sh's
-# build, GitID v4.1.1-edge1; 4.1.1 itself dereferences NULL there) gets it.
-CRIU_CONF = "network-lock skip\n"
-CRIU_CONF_OK = "v4.1.1-edge1"
 
 
 class SnapshotError(RuntimeError):
@@ -58,37 +48,11 @@ class SnapshotError(RuntimeError):
 
 
 def snapshot_dir(bundle: Path) -> Path:
-    """Where the snapshot of ``bundle`` lives (systemd/edge-supervise ``snapshot_dir`` is the same rule):
-    ``ROOT/var/cache/edge/<bundle_sha256>/snapshot`` when the bundle's real directory is an installed
-    slot's (``ROOT/opt/edge/slots/<a|b>/bundle`` beside the slot's edge-archive.json; the digest from
-    its edge-bundle.json), else ``<realpath(bundle)>.snapshot``."""
-    real = os.path.realpath(bundle)
-    slot = os.path.dirname(real)
-    parts = slot.split(os.sep)
-    if (os.path.basename(real) == "bundle" and parts[-1] in ("a", "b") and parts[-4:-1] == ["opt", "edge", "slots"]
-            and os.path.isfile(os.path.join(slot, "edge-archive.json"))):
-        sha = _bundle_sha256(real)
-        if sha is not None:
-            return Path(os.sep.join(parts[:-4]) or os.sep, "var", "cache", "edge", sha, "snapshot")
-    return Path(real + ".snapshot")
-
-
-def _bundle_sha256(bundle: str) -> str | None:
-    """The bundle's digest from its edge-bundle.json when it is one (64 lowercase hex digits: it
-    names a directory), else None."""
-    try:
-        with open(os.path.join(bundle, "edge-bundle.json")) as f:
-            sha = json.load(f).get("bundle_sha256")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return sha if isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) else None
-
-
-def _id_map(keep: int) -> list[dict]:
-    """Container ids onto host ids: ``keep`` to itself, the rest of 0..65535 above USERNS_BASE."""
-    return [{"containerID": 0, "hostID": USERNS_BASE, "size": keep},
-            {"containerID": keep, "hostID": keep, "size": 1},
-            {"containerID": keep + 1, "hostID": USERNS_BASE + keep + 1, "size": USERNS_SIZE - keep - 1}]
+    """Where the snapshot of ``bundle`` lives (edge/system/snapshot_rules.py ``snapshot_dir``, the rule
+    edge-supervise and edge doctor apply): ``ROOT/var/cache/edge/<bundle_sha256>/snapshot`` when the
+    bundle's real directory is an installed slot's (``ROOT/opt/edge/slots/<a|b>/bundle`` beside the
+    slot's edge-archive.json; the digest from its edge-bundle.json), else ``<realpath(bundle)>.snapshot``."""
+    return Path(rules.snapshot_dir(bundle))
 
 
 def snapshot_config(bundle: Path, nofile: int | None = None) -> dict:
@@ -98,48 +62,17 @@ def snapshot_config(bundle: Path, nofile: int | None = None) -> dict:
     for m in config["mounts"]:  # restored from another directory: the bundle's own paths made absolute
         if m.get("type") == "bind" and not os.path.isabs(m["source"]):
             m["source"] = str((bundle / m["source"]).resolve())
-    process = config["process"]
-    process["args"] = [*process["args"], "--snapshot-point"]
     if nofile is not None:  # a host whose root cannot raise RLIMIT_NOFILE (tests on this machine)
-        for r in process.get("rlimits", []):
+        for r in config["process"].get("rlimits", []):
             if r["type"] == "RLIMIT_NOFILE":
                 r["soft"] = r["hard"] = min(r["hard"], nofile)
-    linux = config["linux"]
-    if not any(ns["type"] == "user" for ns in linux["namespaces"]):
-        linux["namespaces"].append({"type": "user"})
-    linux["uidMappings"] = _id_map(process["user"]["uid"])
-    linux["gidMappings"] = _id_map(process["user"]["gid"])
-    return config
-
-
-def _version(cmd: list[str]) -> str:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "absent"
-    return "; ".join(line.strip() for line in out.splitlines() if line.strip()) or "absent"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith(("model name", "Model", "CPU part")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+    return rules.as_snapshot_config(config)
 
 
 def dependencies(bundle: Path, runc: str = "runc", criu: str = "criu") -> dict:
-    """What a snapshot is valid for: a restore is tried only when all of these are equal. The bundle's
-    real path too: the snapshot's config.json names its rootfs and binds by it, so a snapshot cached
-    by digest (:func:`snapshot_dir`) and taken in one slot is stale for the same bundle in the other."""
-    meta = json.loads((bundle / "edge-bundle.json").read_text())
-    package = meta.get("package", {})
-    return {"bundle_sha256": meta.get("bundle_sha256"), "bundle_path": os.path.realpath(bundle),
-            "package_sha256": package.get("package_sha256"), "model_sha256": package.get("model_sha256"),
-            "tokenizer_sha256": package.get("tokenizer_sha256"), "kernel": platform.release(),
-            "criu": _version([criu, "--version"]), "runc": _version([runc, "--version"]), "cpu": _cpu_model()}
+    """What a snapshot is valid for (edge/system/snapshot_rules.py ``dependencies``): a restore is
+    tried only when all of these are equal."""
+    return rules.dependencies(bundle, json.loads((bundle / "edge-bundle.json").read_text()), runc, criu)
 
 
 def _socket_dir(config: dict) -> Path:
@@ -172,16 +105,6 @@ def _prepare_socket_dir(path: Path, uid: int, gid: int, config: dict) -> None:
         prepare_host_dirs(uid, gid, **host_dirs(config))  # runc binds them: they must exist
     except SocketDirError as exc:
         raise SnapshotError(str(exc)) from None
-
-
-def _site_criu_conf() -> str:
-    """/etc/criu/runc.conf, which runc gives CRIU unless an annotation names another file: ours
-    names ours, so the site's options are carried into it."""
-    try:
-        text = Path("/etc/criu/runc.conf").read_text()
-    except OSError:
-        return ""
-    return text if text.endswith("\n") or not text else text + "\n"
 
 
 def _restrict(images: Path) -> None:
@@ -228,8 +151,8 @@ def take_snapshot(bundle: Path, *, runc: str = "runc", nofile: int | None = None
     (staging / "images").mkdir(parents=True)
     _restrict(staging / "images")
     config = snapshot_config(bundle, nofile)
-    if CRIU_CONF_OK in _version(["criu", "--version"]):
-        (staging / "criu.conf").write_text(_site_criu_conf() + CRIU_CONF)
+    if CRIU_CONF_OK in tool_version(["criu", "--version"]):
+        (staging / "criu.conf").write_text(site_criu_conf() + CRIU_CONF)
         checkpoint_config = {**config, "annotations": {**config.get("annotations", {}),
                                                        "org.criu.config": str(staging / "criu.conf")}}
     else:

@@ -246,28 +246,25 @@ def test_coldstart_reports_the_newest_record(root, host):
     assert c.verdict is Verdict.PASS and c.measured["record"] == str(old)
 
 
-# ------------------------------------------------------------------ copies held equal
+# ------------------------------------------------------------------ the snapshot rule
 
 
-def test_snapshot_dir_is_the_rule_of_image_and_edge_supervise(root):
-    """edge/ does not import image/: doctor's copy of the rule gives the same directory as
-    image/bundle/snapshot.py's and edge-supervise's (edge/system/snapshot_rules.py), for a slot's
-    bundle and any other."""
-    from edge.commands.doctor.tools import snapshot_dir
+def test_doctor_looks_for_the_snapshot_where_the_supervisor_does(root):
+    """doctor's snapshot directory is edge/system/snapshot_rules.py's (edge-supervise's and
+    edge-bundle snapshot's), as a Path: for a slot's bundle, in the cache; for any other, beside it."""
+    from edge.commands.doctor.tools import SNAPSHOT_FORMAT, snapshot_dir
     from edge.system import snapshot_rules as rules
-    from image.bundle import snapshot as S
 
     slot = install_bundle(root)
     plain = root / "v3"
     plain.mkdir()
     write(plain / "edge-bundle.json", json.dumps({"bundle_sha256": SHA}))
     for bundle in (root / "opt/edge/bundle/current", slot, plain):
-        assert snapshot_dir(bundle) == S.snapshot_dir(bundle) == Path(rules.snapshot_dir(bundle)), bundle
+        assert snapshot_dir(bundle) == Path(rules.snapshot_dir(bundle)), bundle
     assert snapshot_dir(slot) == root / "var/cache/edge" / SHA / "snapshot"
+    assert snapshot_dir(root / "opt/edge/bundle/current") == root / "var/cache/edge" / SHA / "snapshot"
     assert snapshot_dir(plain) == Path(f"{plain}.snapshot")
-    from edge.commands.doctor.tools import SNAPSHOT_FORMAT
-
-    assert rules.SNAPSHOT_FORMAT == S.SNAPSHOT_FORMAT == SNAPSHOT_FORMAT
+    assert SNAPSHOT_FORMAT == rules.SNAPSHOT_FORMAT
 
 
 def test_default_budget_is_the_manifests(root, host):

@@ -43,7 +43,7 @@ def _installed(root: Path, slot: str = "a", sha: str = SHA, archive: bool = True
 
 
 def _both(sup, bundle: Path) -> str:
-    """The snapshot directory of ``bundle``, asserting the two copies agree."""
+    """The snapshot directory of ``bundle``, by edge-bundle snapshot (a Path) and edge-supervise (a str)."""
     image = S.snapshot_dir(bundle)
     assert isinstance(image, Path) and sup.snapshot_dir(str(bundle)) == str(image)
     return str(image)

@@ -74,7 +74,7 @@ def read_json(path: Path) -> tuple[object | None, str | None]:
 
 
 def version_line(text: str) -> str:
-    """A command's output as systemd/edge-supervise records it in a snapshot's dependencies."""
+    """A command's output as edge-supervise records it (snapshot_rules.tool_version) in a snapshot's dependencies."""
     return "; ".join(line.strip() for line in text.splitlines() if line.strip()) or "absent"
 
 

@@ -1,10 +1,10 @@
 """The container tools and the snapshot: runc (which runs the bundle), CRIU (which takes and
 restores snapshots, from 4.1), and whether the bundle's snapshot can be restored now.
 
-The snapshot is judged as systemd/edge-supervise judges it before a start (``check_snapshot``:
-format, dependencies, image files at their recorded sizes), from the same files, by a copy of
-the rule (the layering: nothing in edge/ uses image/). A snapshot never fails doctor: any doubt
-about one means a fresh start.
+The snapshot is judged as edge-supervise judges it before a start (``check_snapshot``: format,
+dependencies, image files at their recorded sizes), from the same files, where the same rule
+(edge/system/snapshot_rules.py) says it lives. A snapshot never fails doctor: any doubt about one
+means a fresh start.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ import re
 import stat
 from pathlib import Path
 
-from edge.commands.doctor.context import Context, read_json, read_text, version_line
+from edge.commands.doctor.context import Context, read_json, version_line
 from edge.commands.doctor.report import Check, Verdict
+from edge.system import snapshot_rules
+from edge.system.snapshot_rules import SNAPSHOT_FORMAT, cpu_model
 
 __all__ = ["check_runc", "check_criu", "check_snapshot", "snapshot_dir", "cpu_model", "CRIU_MIN"]
 
 CRIU_MIN = (4, 1)  # snapshots: runc's checkpoint of this bundle needs CRIU 4.1 (docs/bundle.md, "CRIU")
 CRIU_EDGE_BUILD = "v4.1.1-edge1"  # image/criu/build.sh's: takes "network-lock skip" (docs/snapshot.md)
-SNAPSHOT_FORMAT = 1  # image/bundle/snapshot.py and systemd/edge-supervise SNAPSHOT_FORMAT
 CRIU_FIX = "install CRIU >= 4.1 in /usr/local/sbin (image/criu/build.sh; docs/bundle.md, \"CRIU\")"
 
 
@@ -72,28 +73,8 @@ def check_criu(ctx: Context) -> Check:
 
 
 def snapshot_dir(bundle: Path) -> Path:
-    """image/bundle/snapshot.py ``snapshot_dir`` (tests hold the copies equal):
-    ``ROOT/var/cache/edge/<bundle_sha256>/snapshot`` for an installed slot's bundle (its real
-    directory ``ROOT/opt/edge/slots/<a|b>/bundle`` beside the slot's edge-archive.json), else
-    ``<realpath(bundle)>.snapshot``."""
-    real = os.path.realpath(bundle)
-    slot = os.path.dirname(real)
-    parts = slot.split(os.sep)
-    if (os.path.basename(real) == "bundle" and parts[-1] in ("a", "b") and parts[-4:-1] == ["opt", "edge", "slots"]
-            and os.path.isfile(os.path.join(slot, "edge-archive.json"))):
-        meta, _ = read_json(Path(real, "edge-bundle.json"))
-        sha = meta.get("bundle_sha256") if isinstance(meta, dict) else None
-        if isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha):
-            return Path(os.sep.join(parts[:-4]) or os.sep, "var", "cache", "edge", sha, "snapshot")
-    return Path(real + ".snapshot")
-
-
-def cpu_model() -> str:
-    """systemd/edge-supervise ``_cpu_model``: the snapshot's ``cpu`` dependency."""
-    for line in (read_text(Path("/proc/cpuinfo"), 1 << 20) or "").splitlines():
-        if line.startswith(("model name", "Model", "CPU part")):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
+    """Where edge-supervise looks for the bundle's snapshot (edge/system/snapshot_rules.py)."""
+    return Path(snapshot_rules.snapshot_dir(bundle))
 
 
 def _dependencies(ctx: Context) -> dict:
