@@ -5,7 +5,8 @@ gets the Python client's embeddings; reads the health; an invalid input (a text 
 bytes, a blank text, 65 texts) and an overload (its own connection past its share of the queue)
 arrive as their codes, with the exit status of the code's class; with no server it times out
 after its retries instead of hanging, and the same client object then gets its reply from a
-server started later (lazy pirate)."""
+server started later (lazy pirate). Against a scripted server: a reply to an id not in flight,
+and a late reply arriving on the retry's connection, are never taken for the request's."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import subprocess
 import threading
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
+import zmq
 
 from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
@@ -178,3 +181,75 @@ def test_no_server_times_out_after_its_retries_then_the_same_client_reconnects(e
     cos = cosines(embeddings(seen[-1:]), want)
     print("cos (after reconnect):", cos, "calls that timed out first:", len(seen) - 1)
     assert min(cos) >= COS_MIN, cos
+
+
+# ------------------------------------------------------------------ against a scripted server
+#
+# A ROUTER in this process plays the server, to send what the real one never does: replies to
+# ids not in flight, and a late reply on the connection of the request's retry.
+
+
+def _reply(request_id: int | None, values: list[float], mtype: str = "infer") -> list[bytes]:
+    body = {"trace_id": "0123456789abcdef", "count": 1, "dim": len(values), "token_counts": [3]}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return [msgpack.packb({"v": 1, "type": mtype}), msgpack.packb(body), np.asarray(values, dtype="<f4").tobytes()]
+
+
+def _scripted(address: str, script, deadline_s: float = 60.0) -> threading.Thread:
+    """Run ``script(recv, send)`` on a ROUTER bound at ``address``: ``recv()`` is the next
+    request as (routing id, header, body), ``send(routing_id, frames)`` replies."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.bind(address)
+
+    def recv():
+        assert sock.poll(int(deadline_s * 1000)), "the client sent nothing"
+        rid, header, body = sock.recv_multipart()
+        return rid, msgpack.unpackb(header), msgpack.unpackb(body)
+
+    def run():
+        try:
+            script(recv, lambda rid, frames: sock.send_multipart([rid, *frames]))
+        finally:
+            sock.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_replies_to_other_ids_are_not_taken_for_the_request(example, tmp_path):
+    address = f"ipc://{tmp_path}/scripted.sock"
+
+    def script(recv, send):
+        rid, header, body = recv()
+        assert header == {"v": 1, "type": "infer"} and body == {"texts": ["hi"], "request_id": 1, "deadline_ms": 50.0}
+        send(rid, _reply(999, [9, 9, 9, 9]))           # no such request: dropped
+        send(rid, _reply(None, [8, 8, 8, 8], "health"))  # no health in flight: dropped
+        send(rid, _reply(1, [0.5, -0.5, 0.5, 0.5]))     # docs/protocol.md's example reply
+
+    t = _scripted(address, script)
+    rc, lines = run(example, "--connect", address, "--timeout-ms", "60000", "--deadline-ms", "50", "hi")
+    t.join(timeout=60)
+    assert rc == 0 and [line["embedding"] for line in lines] == [[0.5, -0.5, 0.5, 0.5]], lines
+
+
+def test_a_late_reply_is_never_the_answer_to_the_retry(example, tmp_path):
+    """The first attempt's reply comes after its timeout, on the retry's connection: the client
+    takes the retry's reply (request id 2), never the late one (id 1)."""
+    address = f"ipc://{tmp_path}/scripted.sock"
+
+    def script(recv, send):
+        first, _, body1 = recv()
+        second, _, body2 = recv()  # the retry, once the first attempt timed out: a new connection
+        assert (body1["request_id"], body2["request_id"]) == (1, 2) and first != second
+        send(first, _reply(1, [1, 0, 0, 0]))   # to the closed connection: ZeroMQ drops it
+        send(second, _reply(1, [0, 1, 0, 0]))  # the late reply on the new connection: not id 2's
+        send(second, _reply(2, [0, 0, 1, 0]))
+
+    t = _scripted(address, script)
+    rc, lines = run(example, "--connect", address, "--timeout-ms", "300", "--retries", "1", "hi")
+    t.join(timeout=60)
+    assert rc == 0 and [line["embedding"] for line in lines] == [[0, 0, 1, 0]], lines
