@@ -1,4 +1,4 @@
-"""``edge`` command line: ``serve`` (the runtime), ``embed``/``health``/``stats`` (a client),
+"""``edge`` command line: ``serve`` (the runtime), ``gateway`` (its HTTP front, ``edge/gateway/``), ``embed``/``health``/``stats`` (a client),
 ``selftest`` (the updater's health gate, ``edge/commands/selftest.py``), ``top`` (a live view,
 ``edge/commands/top.py``), ``doctor`` (the technician's check, ``edge/commands/doctor/``), ``keys generate``
 (CURVE keys for tcp://, ``edge/commands/keys.py``) and ``trace`` (a reply's journal entry, ``edge/commands/trace.py``).
@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"edge {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", help="boot the runtime and serve (`edge serve --help` lists its options)", add_help=False)
+    sub.add_parser("gateway", help="the HTTP gateway: OpenAI and TEI embeddings APIs in front of the runtime "
+                                   "(`edge gateway --help` lists its options, docs/gateway.md)", add_help=False)
     e = _client_parser(sub, "embed", "embed texts; prints one JSON line per text")
     e.add_argument("texts", nargs="+", metavar="TEXT")
     e.add_argument("--format", choices=("lines", "reply"), default="lines",
@@ -230,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "serve":
             return serve(argv[1:])
+        if argv and argv[0] == "gateway":
+            from edge.gateway.main import run_gateway
+
+            return run_gateway(argv[1:])
         args = _parser().parse_args(argv)
         if args.command == "keys":
             from edge.commands.keys import run

@@ -69,6 +69,12 @@ class Command:
         return parser_of(importlib.import_module(self.module).main)
 
 
+def _gateway_parser() -> argparse.ArgumentParser:
+    from edge.gateway.options import gateway_parser
+
+    return gateway_parser()
+
+
 def _serve_parser() -> argparse.ArgumentParser:
     from edge.runtime.serve_args import serve_parser
 
@@ -81,8 +87,11 @@ def _serve_parser() -> argparse.ArgumentParser:
 COMMANDS = [
     Command("edge serve", "edge.runtime.serve_args", "protocol.md", _serve_parser,
             note="`python -m edge.boot` takes the same options (it is what `edge serve` execs)."),
+    Command("edge gateway", "edge.gateway.options", "gateway.md", _gateway_parser,
+            note="The HTTP gateway, a process of its own (systemd/edge-gateway.service)."),
     Command("edge", "edge.cli", "protocol.md",
-            note="`edge serve` is documented above; its subcommand entry here only forwards to it."),
+            note="`edge serve` and `edge gateway` are documented above; their subcommand entries here only "
+                 "forward to them."),
     Command("edge-package", "image.package_cli", "architecture.md"),
     Command("edge-tokenizer", "image.tokenizer.cli", "commands.md#edge-tokenizer-compile-prune-encode"),
     Command("edge-bundle", "image.build_bundle", "bundle.md"),

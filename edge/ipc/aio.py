@@ -1,0 +1,157 @@
+"""An asyncio client of the serving socket: a small pool of DEALER connections, many
+requests in flight on each, replies matched by ``request_id``.
+
+For the HTTP gateway (``edge/gateway/``), which serves many HTTP requests at once from one
+event loop: concurrency must not serialize on one socket, so every ``infer`` carries a
+request id unique in this process and a reader task per connection hands each reply to the
+request waiting for it. A request that times out is forgotten (its late reply, if any, is
+dropped by its id), so no connection needs the lazy-pirate reset of ``EdgeClient``.
+
+``health`` and ``stats`` carry no request id on the wire, so they travel on a connection of
+their own, one at a time, and that connection is reopened after a timeout.
+
+Never imported by the boot path: it pulls in asyncio and ``zmq.asyncio``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from edge.ipc import protocol as P
+from edge.ipc.client import raise_for_error
+
+__all__ = ["AsyncEdgePool", "PoolResult", "Unreachable"]
+
+
+class Unreachable(ConnectionError):
+    """No connection to the runtime takes the request now (not started, or gone)."""
+
+
+@dataclass
+class PoolResult:
+    embeddings: np.ndarray  # (N, D) float32
+    meta: dict = field(default_factory=dict)  # the reply body: trace_id, token_counts, ...
+
+
+class _Conn:
+    """One DEALER connection and the requests in flight on it (``request_id`` -> future)."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, address: str, curve=None) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # IMMEDIATE: queue only on a completed connection, so a send with no runtime there fails
+        # at once (Unreachable -> 503) instead of waiting in a pipe for a peer that may never come.
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
+        if curve is not None:
+            curve.apply(self.sock)
+        self.sock.connect(address)
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.reader: asyncio.Task | None = None
+
+    async def read(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart(copy=True)
+            try:
+                reply = P.decode_reply(frames)
+            except ValueError:
+                continue
+            fut = self.waiting.pop(reply.body.get("request_id"), None)  # type: ignore[arg-type]
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+
+
+class AsyncEdgePool:
+    """``size`` DEALER connections to ``address``; ``embed`` picks the least busy one."""
+
+    def __init__(self, address: str, size: int = 4, *, curve=None) -> None:
+        self.address = address
+        self.size = size
+        self.curve = curve
+        self._ctx = zmq.asyncio.Context()
+        self._conns: list[_Conn] = []
+        self._ids = itertools.count(1)
+        self._control: zmq.asyncio.Socket | None = None
+        self._control_lock: asyncio.Lock | None = None
+
+    def start(self) -> None:
+        """Open the connections and their reader tasks (inside the running loop)."""
+        for _ in range(self.size):
+            c = _Conn(self._ctx, self.address, self.curve)
+            c.reader = asyncio.get_running_loop().create_task(c.read())
+            self._conns.append(c)
+        self._control_lock = asyncio.Lock()
+        self._open_control()
+
+    def _open_control(self) -> None:
+        if self._control is not None:
+            self._control.close(0)
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.IMMEDIATE, 1)
+        if self.curve is not None:
+            self.curve.apply(s)
+        s.connect(self.address)
+        self._control = s
+
+    def in_flight(self) -> int:
+        return sum(len(c.waiting) for c in self._conns)
+
+    async def embed(self, texts: list[str], *, deadline_ms: float, truncate: bool | None = None,
+                    grace_s: float = 1.0) -> PoolResult:
+        """Embed ``texts`` (one runtime request); waits ``deadline_ms`` + ``grace_s`` at most.
+
+        Raises the runtime's EdgeError (``trace_id`` set), ``Unreachable``, or TimeoutError."""
+        conn = min(self._conns, key=lambda c: len(c.waiting))
+        rid = next(self._ids)
+        body: dict = {"texts": texts, "request_id": rid, "deadline_ms": deadline_ms}
+        if truncate is not None:
+            body["truncate"] = truncate
+        fut = asyncio.get_running_loop().create_future()
+        conn.waiting[rid] = fut
+        try:
+            try:
+                conn.sock.send_multipart(P.encode_request("infer", body), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                raise Unreachable(f"no connection to the runtime at {self.address}") from None
+            reply = await asyncio.wait_for(fut, deadline_ms / 1000.0 + grace_s)
+        finally:
+            conn.waiting.pop(rid, None)
+        raise_for_error(reply)
+        b = reply.body
+        return PoolResult(P.embeddings_from_frame(reply.extra[0], b["count"], b["dim"]), b)
+
+    async def control(self, mtype: str, timeout_s: float) -> dict:
+        """``health`` or ``stats``, one at a time on the control connection; error replies raised."""
+        assert self._control_lock is not None
+        async with self._control_lock:
+            assert self._control is not None
+            try:
+                self._control.send_multipart(P.encode_request(mtype, {}), flags=zmq.NOBLOCK)
+            except zmq.Again:
+                raise Unreachable(f"no connection to the runtime at {self.address}") from None
+            try:
+                frames = await asyncio.wait_for(self._control.recv_multipart(), timeout_s)
+            except asyncio.TimeoutError:
+                self._open_control()  # a late reply must not answer the next request
+                raise TimeoutError(f"no {mtype} reply from {self.address} within {timeout_s:g} s") from None
+        return raise_for_error(P.decode_reply(frames)).body
+
+    def close(self) -> None:
+        for c in self._conns:
+            if c.reader is not None:
+                c.reader.cancel()
+            for fut in c.waiting.values():
+                if not fut.done():
+                    fut.cancel()
+            c.sock.close(0)
+        self._conns.clear()
+        if self._control is not None:
+            self._control.close(0)
+            self._control = None
+        self._ctx.term()
