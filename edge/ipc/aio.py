@@ -74,6 +74,7 @@ class AsyncEdgePool:
         self.size = size
         self.curve = curve
         self._ctx = zmq.asyncio.Context()
+        # zmq.asyncio reports a NOBLOCK send's EAGAIN on the send's future: every send is awaited.
         self._conns: list[_Conn] = []
         self._ids = itertools.count(1)
         self._control: zmq.asyncio.Socket | None = None
@@ -116,7 +117,7 @@ class AsyncEdgePool:
         conn.waiting[rid] = fut
         try:
             try:
-                conn.sock.send_multipart(P.encode_request("infer", body), flags=zmq.NOBLOCK)
+                await conn.sock.send_multipart(P.encode_request("infer", body), flags=zmq.NOBLOCK)
             except zmq.Again:
                 raise Unreachable(f"no connection to the runtime at {self.address}") from None
             reply = await asyncio.wait_for(fut, deadline_ms / 1000.0 + grace_s)
@@ -132,7 +133,7 @@ class AsyncEdgePool:
         async with self._control_lock:
             assert self._control is not None
             try:
-                self._control.send_multipart(P.encode_request(mtype, {}), flags=zmq.NOBLOCK)
+                await self._control.send_multipart(P.encode_request(mtype, {}), flags=zmq.NOBLOCK)
             except zmq.Again:
                 raise Unreachable(f"no connection to the runtime at {self.address}") from None
             try:
