@@ -37,6 +37,7 @@ class Gateway:
         self.api_key = api_key
         self.info: dict | None = None  # the runtime's model, width and limits, from its stats (once)
         self.conns: dict = {}  # RequestHandler -> [requests in progress, monotonic time of the last change]
+        self.server = None  # aiohttp's web.Server once listening: its ``connections`` are the open ones
 
     # ------------------------------------------------------------ plumbing
 
@@ -263,5 +264,6 @@ class Gateway:
         return self._json({"status": "ok", "runtime": body.get("state")}, trace)
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        text = self.metrics.render(sum(1 for _ in self.conns), self.pool.in_flight())
+        text = self.metrics.render(len(self.server.connections) if self.server is not None else 0,
+                                   self.pool.in_flight())
         return web.Response(body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

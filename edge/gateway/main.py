@@ -96,6 +96,7 @@ async def _serve(args, listen, address, curve, api_key, ssl_ctx) -> int:
                            lingering_time=1.0, shutdown_timeout=5.0)
     await runner.setup()
     server = runner.server
+    gw.server = server
 
     def factory():
         if len(server.connections) >= args.max_connections:
