@@ -129,6 +129,8 @@ NOT_COMMANDS: dict[str, str] = {
 # the runtime (edge/) reads is in edge.config.env.ENVIRONMENT; tests/test_docs.py checks that every
 # EDGE_ name in the tracked files is in one of the two, and in only one.
 NOT_RUNTIME = {
+    "EDGE_GATEWAY_ARGS": "the gateway unit's setting (systemd/edge-gateway.service, /etc/default/edge-gateway), "
+                         "read by systemd: more `edge gateway` flags (docs/gateway.md)",
     "EDGE_BUILD_CHECKOUT": "packaging only: build_backend.py sets it for a checkout's editable install, and "
                            "setup.py then adds the build-host tools (image/, bench/) and their console scripts",
     "EDGE_IMAGE": "the podman unit's setting (deploy/podman/edge-podman.service), read by systemd: the image "

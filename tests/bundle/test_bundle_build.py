@@ -276,8 +276,10 @@ def test_systemd_units_verify(tmp_path):
     # /usr/local/bin/edge-trial, where `pip install` puts it on a device; here it is this venv's
     # (verify checks that an ExecStart= command exists).
     trial = str(Path(sys.executable).with_name("edge-trial"))
+    edge = str(Path(sys.executable).with_name("edge"))
     for unit in units:
-        (tmp_path / unit.name).write_text(unit.read_text().replace("/usr/local/bin/edge-trial", trial))
+        (tmp_path / unit.name).write_text(unit.read_text().replace("/usr/local/bin/edge-trial", trial)
+                                          .replace("/usr/local/bin/edge gateway", edge + " gateway"))
     for unit in sorted(tmp_path.iterdir()):
         out = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and not out.stderr.strip(), f"{unit.name}: {out.stderr}"
@@ -286,6 +288,10 @@ def test_systemd_units_verify(tmp_path):
                  "ExecStopPost=", "MemoryMax=", "TasksMax=", "ExecStartPre=-/usr/local/bin/edge-trial pre-start",
                  "Wants=edge-trial.service", "OnFailure=edge-trial-failed.service"):
         assert line in text, line
+    gateway = (REPO / "systemd" / "edge-gateway.service").read_text()
+    for line in ("Type=notify", "NotifyAccess=main", "After=edge.service", "Wants=edge.service",
+                 "ExecStart=/usr/local/bin/edge gateway", "Restart=on-failure", "MemoryMax="):
+        assert line in gateway, line
 
 
 def test_unit_with_the_bundles_drop_in_verifies(ort_bundle, tmp_path):
