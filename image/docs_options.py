@@ -106,6 +106,8 @@ COMMANDS = [
     Command("python -m bench.tokenizer", "bench.tokenizer", "benchmarks.md#tokenizer-benchtokenizerpy"),
     Command("python -m bench.serve", "bench.serve", "benchmarks.md#serve-benchservepy"),
     Command("python -m bench.health_load", "bench.health_load", "benchmarks.md#health-under-load-benchhealth_loadpy"),
+    Command("python -m bench.gateway", "bench.gateway", "gateway.md#benchmarks"),
+    Command("python -m bench.http_stacks", "bench.http_stacks", "gateway.md#the-http-stack"),
     Command("python -m bench.textmix", "bench.textmix", "benchmarks.md#the-text-mix"),
     Command("python -m bench.telemetry_stats", "bench.telemetry_stats", "telemetry.md#benchmark"),
     Command("python -m bench.journal_lookup", "bench.journal_lookup", "trace.md#benchmark"),
