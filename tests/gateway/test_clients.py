@@ -16,18 +16,21 @@ import subprocess
 import sys
 import time
 
+import huggingface_hub
+import langchain_openai
 import numpy as np
+import openai
 import pytest
 import zmq
+from huggingface_hub.errors import HfHubHTTPError  # a submodule: not an attribute until imported
 
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 from support.gateway_proc import start_gateway
 from support.runtime_proc import start_runtime
 
-openai = pytest.importorskip("openai")
-langchain_openai = pytest.importorskip("langchain_openai")
-huggingface_hub = pytest.importorskip("huggingface_hub")
+# In the test extra, pinned: a missing one is an install error, never a skip.
+pytestmark = pytest.mark.process
 
 TEXTS = ["The conveyor belt stopped at 14:02.", "Replace the filter every 500 hours.", "hello world",
          "Der Sensor meldet eine Übertemperatur.", "a" * 40]
@@ -119,10 +122,10 @@ def test_invalid_input_is_each_librarys_error(gateway):
                                           check_embedding_ctx_length=False, max_retries=0
                                           ).embed_documents(["x " * 20000])
     client = huggingface_hub.InferenceClient(model=gateway.url + "/embed")
-    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as hf:
+    with pytest.raises(HfHubHTTPError) as hf:
         client.feature_extraction("   ")
     assert hf.value.response.status_code == 400
-    with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as hf:
+    with pytest.raises(HfHubHTTPError) as hf:
         client.feature_extraction("maintenance window " * 200)  # TEI refuses over-long inputs unless truncate
     assert hf.value.response.status_code == 422 and hf.value.response.json()["error_type"] == "Validation"
 
@@ -158,7 +161,7 @@ def test_overload_is_each_librarys_error(gateway, runtime):
         with pytest.raises(openai.RateLimitError):
             langchain_openai.OpenAIEmbeddings(model=MODEL, base_url=gateway.url + "/v1", api_key="unused",
                                               check_embedding_ctx_length=False, max_retries=0).embed_query("x")
-        with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as hf:
+        with pytest.raises(HfHubHTTPError) as hf:
             huggingface_hub.InferenceClient(model=gateway.url + "/embed").feature_extraction("one more")
         assert hf.value.response.status_code == 429 and hf.value.response.json()["error_type"] == "Overloaded"
         assert _queue_texts(runtime.address) >= 1024 - 64, "the queue drained before the clients were refused"
@@ -185,7 +188,7 @@ def test_not_ready_is_each_librarys_error(tmp_path):
         with pytest.raises(openai.InternalServerError):
             langchain_openai.OpenAIEmbeddings(model=MODEL, base_url=gw.url + "/v1", api_key="unused",
                                               check_embedding_ctx_length=False, max_retries=0).embed_query("x")
-        with pytest.raises(huggingface_hub.errors.HfHubHTTPError) as hf:
+        with pytest.raises(HfHubHTTPError) as hf:
             huggingface_hub.InferenceClient(model=gw.url + "/embed").feature_extraction("hello")
         assert hf.value.response.status_code == 503
     finally:
