@@ -23,6 +23,7 @@ import pytest
 from support.bundles import private_bundle, runc_or_skip
 from edge.ipc.client import EdgeClient
 from image.bundle import snapshot as S
+from edge.system.snapshot_rules import USERNS_SIZE
 
 TEXTS = ["the conveyor belt stopped twice during the night shift", "restore me"]
 
@@ -140,7 +141,7 @@ def test_the_snapshot_config_maps_the_runtimes_ids_to_themselves(ort_bundle):
     config = S.snapshot_config(ort_bundle, nofile=1000)
     uid = config["process"]["user"]["uid"]
     m = config["linux"]["uidMappings"]
-    assert {"containerID": uid, "hostID": uid, "size": 1} in m and sum(x["size"] for x in m) == S.USERNS_SIZE
+    assert {"containerID": uid, "hostID": uid, "size": 1} in m and sum(x["size"] for x in m) == USERNS_SIZE
     assert config["process"]["args"][-1] == "--snapshot-point" and os.path.isabs(config["root"]["path"])
     assert {"type": "user"} in config["linux"]["namespaces"]
     assert all(r["hard"] <= 1000 for r in config["process"]["rlimits"] if r["type"] == "RLIMIT_NOFILE")

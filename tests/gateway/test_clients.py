@@ -22,6 +22,7 @@ import numpy as np
 import openai
 import pytest
 import zmq
+from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import HfHubHTTPError  # a submodule: not an attribute until imported
 
 from edge.ipc import protocol as P
@@ -36,6 +37,15 @@ TEXTS = ["The conveyor belt stopped at 14:02.", "Replace the filter every 500 ho
          "Der Sensor meldet eine Übertemperatur.", "a" * 40]
 MODEL = "all-MiniLM-L6-v2"
 ENGINE_DELAY_MS = 300
+
+
+@pytest.fixture(autouse=True)
+def hub_online(monkeypatch):
+    """huggingface_hub reads HF_HUB_OFFLINE once, at import, and then refuses every URL, a local
+    gateway's too. The reference fixtures of other test modules set it (they must never reach the
+    Hub), so whether it is set here depends on which test ran first: clear it for these tests.
+    An app that runs with HF_HUB_OFFLINE=1 meets the same refusal (docs/gateway.md)."""
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
 
 
 @pytest.fixture(scope="module")
