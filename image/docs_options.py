@@ -159,7 +159,6 @@ NOT_RUNTIME = {
     "EDGE_UNIT": "tests only: the renamed unit a scenario in tests/support/trial_machine.py's machine drives",
     "EDGE_TEST_VARIANT": "tests only: a variable tests/support/trial_machine.py puts in a bundle's config.json so "
                          "that two variants of one bundle have two digests",
-    "EDGE_ASLR_STILL_ON": "not a variable: the marker image/package.py's ASLR probe prints on stderr",
     "EDGE_ROOT": "not a variable: a constant of tests/test_launch.py (the checkout's root)",
 }
 

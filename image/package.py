@@ -163,41 +163,30 @@ def _export_onnx(model, path: Path) -> None:
     onnx.save(proto, str(path))
 
 
-# The converter runs with address-space randomisation off, in a fixed-length directory,
-# with a fixed environment: ORT writes some hash maps (absl, seeded from memory addresses)
-# in iteration order, so any change of the process's memory layout reorders ~1.4 KB of
-# tables in the .ort file. With the layout pinned, two builds are byte-identical.
-_CONVERT = """
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.personality(libc.personality(0xFFFFFFFF) | 0x0040000) == -1:  # ADDR_NO_RANDOMIZE
-    sys.stderr.write("EDGE_ASLR_STILL_ON\\n")
-os.execv(sys.executable, [sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", *sys.argv[1:]])
-"""
-ORT_ASLR_REASON = ("ORT's converter writes hash maps seeded from memory addresses; ASLR could not be "
-                   "disabled for it (personality refused), so two builds differ in the order of a few tables")
-
-
-def _convert_ort(onnx_path: Path, out_path: Path, target_platform: str) -> bool:
-    """ORT format via onnxruntime's converter, in a child process; True if reproducible.
+def _convert_ort(onnx_path: Path, out_path: Path, target_platform: str) -> None:
+    """ORT format via onnxruntime's converter, in a child process, in one byte layout.
 
     The child keeps the Python onnxruntime binding out of this process (the engine loads
-    the C library itself), and its temporary files out of the package.
+    the C library itself), and its temporary files out of the package. The converter lays
+    out the file's head (its kernel type string resolver) in an order that follows heap
+    addresses, which differ with the venv's path, the CPUs and the threads' timing;
+    image/ort_format.py rewrites that head in one order, so two builds are byte-identical.
     """
+    from image.ort_format import canonical_ort
+
     base = "/tmp" if os.access("/tmp", os.W_OK) else None
     with tempfile.TemporaryDirectory(prefix="edge-ort-", dir=base) as tmp:
         work = Path(tmp)
         shutil.copyfile(onnx_path, work / "model.onnx")
         (work / "out").mkdir()
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        cmd = [sys.executable, "-c", _CONVERT, "model.onnx", "--output_dir", "out",
-               "--optimization_style", "Fixed", "--target_platform", target_platform]
+        cmd = [sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", "model.onnx",
+               "--output_dir", "out", "--optimization_style", "Fixed", "--target_platform", target_platform]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)
         produced = work / "out" / "model.ort"
         if proc.returncode != 0 or not produced.exists():
             raise RuntimeError(f"ORT conversion failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-        shutil.move(str(produced), out_path)
-    return "EDGE_ASLR_STILL_ON" not in proc.stderr
+        out_path.write_bytes(canonical_ort(produced.read_bytes()))
 
 
 class BuildSteps:
@@ -325,8 +314,7 @@ def build_package(
             q.quantize_model(stage, _convert_ort, ort_target_platform)
         progress.step("converting to ORT format")
         nondeterministic = dict(NONDETERMINISTIC)
-        if not _convert_ort(stage / "model.onnx", stage / "model.ort", ort_target_platform):
-            nondeterministic["model.ort"] = ORT_ASLR_REASON
+        _convert_ort(stage / "model.onnx", stage / "model.ort", ort_target_platform)
         serving = ServingSettings(**{k: getattr(serving or ServingSettings(), k) for k in ServingSettings.__slots__})  # a copy
         if fb is not None:
             (stage / TOKENIZER_FILE).write_bytes(fb)
