@@ -1,7 +1,8 @@
 """docs/field.md, run: every command of the technician's procedure, verbatim but for the unit's
 name, on a device under a real systemd (PID 1 in systemd-nspawn, tests/support/trial_machine.py)
 with real runc: check, install from a signed archive, wait for the commit, the self-test, then
-``edge-coldstart --unit edge --runs 5``. The record must PASS against the package's budget and
+``edge-coldstart --unit edge --runs 5``. The record's verdict against the package's budget must be
+the one its median gives (PASS here on a usual day; a busy day's FAIL exits 1, as on a device), and
 every run's phases, from four independent clocks, must add up to its total within 5 %.
 
 Needs root, runc and systemd-nspawn; skipped otherwise. About 2 minutes.
@@ -140,7 +141,11 @@ def test_field_procedure_under_systemd(tmp_path, field_archives, capsys):
                        .replace('os.environ["FIELD_COLDSTART"]', repr(coldstart))
     r = m.boot(scenario, timeout_s=540)
     assert r["start"]["rc"] == 0, m.log_tail()
-    failed = [c for c in r["commands"] if c["rc"] != 0]
+    # Every command exits 0, but the benchmark's verdict is this machine's speed: it exits 1 on a
+    # FAIL, which a busy day here gives (the budget is the Jetson's 1500 ms). It must then be a
+    # FAIL that its own figures bear out; a PASS must be one too.
+    verdict_rc = 0 if r.get("record", {}).get("summary", {}).get("pass") else 1
+    failed = [c for c in r["commands"] if c["rc"] != (verdict_rc if c["cmd"] == coldstart else 0)]
     assert not failed, json.dumps(failed, indent=1)[-6000:]
     early = r.get("early_refusal")
     assert early and early["rc"] == 2 and "on trial" in early["err"], early
@@ -149,9 +154,13 @@ def test_field_procedure_under_systemd(tmp_path, field_archives, capsys):
     record = r["record"]
     s = record["summary"]
     assert record["config"]["mode"] == "unit" and record["config"]["unit"] == f"{m.unit}.service"
-    assert s["pass"] and s["verdict"].startswith("PASS: restart to first reply"), s["verdict"]
-    assert record["runs"] and len(record["runs"]) == 5 and not record["failures"], record["failures"]
     assert s["budget_ms"] == 1500.0  # the package's own selftest.boot_budget_ms
+    if s["median_ms"] <= s["budget_ms"]:
+        assert s["pass"] and s["verdict"].startswith("PASS: restart to first reply"), s["verdict"]
+    else:
+        assert not s["pass"] and s["verdict"].startswith("FAIL: restart to first reply"), s["verdict"]
+        assert s["verdict"].endswith("ms (median) over the budget of 1500 ms"), s["verdict"]
+    assert record["runs"] and len(record["runs"]) == 5 and not record["failures"], record["failures"]
     for pair in record["runs"]:
         run = pair["runtime"]
         phases = run["phases"]
