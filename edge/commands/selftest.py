@@ -108,11 +108,11 @@ def add_arguments(p) -> None:
 
 def find_package(given: str | None, env: dict | None = None) -> tuple[str | None, str]:
     """(directory or None, where it came from): --package, EDGE_PACKAGE, the device's, a build host's."""
-    env = os.environ if env is None else env
+    environ = os.environ if env is None else env
     if given:
         return given, "--package"
-    if env.get("EDGE_PACKAGE"):
-        return env["EDGE_PACKAGE"], "EDGE_PACKAGE"
+    if environ.get("EDGE_PACKAGE"):
+        return environ["EDGE_PACKAGE"], "EDGE_PACKAGE"
     if os.path.isdir(DEVICE_PACKAGE):
         return DEVICE_PACKAGE, "the device's bundle"
     from edge.runtime.default_package import default_package_dir
