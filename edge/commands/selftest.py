@@ -147,9 +147,10 @@ def wait_ready(client, address: str, deadline: float) -> tuple[Check, bool]:
                               "waited_ms": round(waited, 1)}), True
             last = f"state {body.get('state')}"
         except FileNotFoundError as exc:
+            why = exc.strerror or str(exc)  # check_ipc_server always sets strerror
             if exc.errno == errno.ENOTSOCK:  # a setting to fix, not a server still starting
-                return Check("ready", False, exc.strerror), False
-            last = exc.strerror
+                return Check("ready", False, why), False
+            last = why
         except TimeoutError as exc:
             last = str(exc)
         except EdgeError as exc:

@@ -157,8 +157,9 @@ def check_memory(ctx: Context) -> Check:
     return Check("memory", Verdict.PASS, text, measured=measured)
 
 
-def _socket_target(ctx: Context, b: BundleFacts | None) -> tuple[Path | None, Path | None]:
-    """(socket directory, socket file) under the root: the bundle's, else the address's."""
+def _socket_target(ctx: Context, b: BundleFacts | None) -> tuple[Path, Path] | None:
+    """(socket directory, socket file) under the root: the bundle's, else the address's; None: neither
+    names one."""
     if b is not None and b.meta.get("socket_dir"):
         d = ctx.path(b.meta["socket_dir"])
         address = str(b.meta.get("address") or "")
@@ -167,16 +168,17 @@ def _socket_target(ctx: Context, b: BundleFacts | None) -> tuple[Path | None, Pa
     if ctx.address and ctx.address.startswith("ipc://") and not ctx.address.startswith("ipc://@"):
         f = Path(ctx.address[len("ipc://"):])
         return f.parent, f
-    return None, None
+    return None
 
 
 def check_socket(ctx: Context) -> Check:
     b = ctx.usable_bundle
-    d, sock = _socket_target(ctx, b)
-    if d is None:
+    target = _socket_target(ctx, b)
+    if target is None:
         why = "a tcp:// address has no socket file" if ctx.address else "no bundle and no address"
         return Check("socket", Verdict.NA, why)
-    user = b.meta.get("user") if b is not None and isinstance(b.meta.get("user"), dict) else {}
+    d, sock = target
+    user = as_dict(b.meta.get("user")) if b is not None else {}
     uid, gid = user.get("uid"), user.get("gid")
     measured = {"socket_dir": str(d), "socket": str(sock), "want_uid": uid, "want_mode": oct(SOCKET_DIR_MODE)}
     up = ctx.server is not None and ctx.server.answered

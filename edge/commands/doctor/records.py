@@ -83,11 +83,11 @@ def coldstart_records(ctx: Context) -> tuple[list[Path], list[str]]:
 
 def check_coldstart(ctx: Context) -> Check:
     files, places = coldstart_records(ctx)
-    found = []
+    found: list[tuple[str, float, Path, dict]] = []  # (started_at, mtime, file, record)
     for f in files:
         record, _ = read_json(f)
-        ours = isinstance(record, dict) and record.get("tool") == "edge-coldstart"
-        if ours and isinstance(record.get("summary"), dict):
+        if isinstance(record, dict) and record.get("tool") == "edge-coldstart" \
+                and isinstance(record.get("summary"), dict):
             found.append((str(record.get("started_at") or ""), os.path.getmtime(f), f, record))
     if not found:
         return Check("coldstart", Verdict.NA, f"no edge-coldstart record in {', '.join(places)}",
