@@ -157,9 +157,10 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
 
     bind = args.bind or default_address()
     if args.snapshot_point:
-        timeline = _snapshot_point(args, pkg, bind, timeline, stop or threading.Event())
-        if timeline is None:
+        restored = _snapshot_point(args, pkg, bind, timeline, stop or threading.Event())
+        if restored is None:
             return None, {"bind": bind, "package": str(package_dir)}
+        timeline = restored
         stages = Stages(timeline)
         if chain.pending:  # CUDA: the device stages come after the restore
             engine, shapes, buffers = chain.finish(stages)
@@ -195,10 +196,14 @@ def _breaker(args, has_fallback: bool):
 def _engine_cost(warm: dict | None):
     """The primary's cost per shape from its own warm-up (measured before any fault is wrapped
     around it): what tells the breaker an engine's miss from a client's impossible deadline."""
+    from typing import cast
+
     from edge.serving.engine_cost import EngineCost
 
     fastest = (warm or {}).get("fastest_ms") or {}
-    return EngineCost({tuple(int(x) for x in key.split("x")): ms for key, ms in fastest.items()})
+    # Keys are "ROWSxTOKENS" (edge/warmup.py): two ints each.
+    return EngineCost({cast("tuple[int, int]", tuple(int(x) for x in key.split("x"))): ms
+                       for key, ms in fastest.items()})
 
 
 def _with_faults(engine, args):

@@ -165,7 +165,8 @@ def _client(args) -> int:
         check_ipc_server(address)
         curve = client_curve(address, args.server_key, args.client_key)
     except (AddressError, FileNotFoundError, KeyFileError) as exc:
-        return _fail(args.command, exc.strerror if isinstance(exc, OSError) else str(exc))
+        # check_ipc_server's FileNotFoundError always has a strerror: str(exc) only for one without
+        return _fail(args.command, (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc))
     client = EdgeClient(address, timeout_s=args.timeout, curve=curve)
     try:
         if args.command == "embed":
@@ -238,23 +239,23 @@ def main(argv: list[str] | None = None) -> int:
             return run_gateway(argv[1:])
         args = _parser().parse_args(argv)
         if args.command == "keys":
-            from edge.commands.keys import run
+            from edge.commands.keys import run as run_keys
 
-            return run(args)
+            return run_keys(args)
         if args.command == "selftest":
-            from edge.commands.selftest import run
+            from edge.commands.selftest import run as run_selftest
 
-            return _with_address(args, run)
+            return _with_address(args, run_selftest)
         if args.command == "top":
-            from edge.commands.top import run
+            from edge.commands.top import run as run_top
 
-            return _with_address(args, run)
+            return _with_address(args, run_top)
         if args.command == "doctor":
             return _doctor(args)
         if args.command == "trace":
-            from edge.commands.trace import run
+            from edge.commands.trace import run as run_trace
 
-            return run(args)
+            return run_trace(args)
         return _client(args)
     except KeyboardInterrupt:
         sys.stderr.write("edge: interrupted\n")

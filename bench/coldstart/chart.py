@@ -37,7 +37,7 @@ def write_chart(record: dict, path: Path) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install 'edge[plot]'): no chart written"
     groups = [(k, [(p["i"], p[k]) for p in record["runs"] if p.get(k)])
-              for k in ("runtime", "fresh", "baseline", "import_torch")]
+              for k in ("runtime", "fresh", "floor", "baseline", "import_torch")]
     groups = [(k, runs) for k, runs in groups if runs]
     if not groups:
         return "no successful run to chart"
@@ -59,7 +59,8 @@ def write_chart(record: dict, path: Path) -> str | None:
     if "runtime" in kinds and "fresh" in kinds:  # --snapshot: restores and fresh starts on one scale
         axes[kinds.index("fresh"), 0].sharex(axes[kinds.index("runtime"), 0])
     titles = {"runtime": f"snapshot restore ({cfg['engine']})" if snap else f"{cfg['mode']} ({cfg['engine']})",
-              "fresh": "fresh runc run of the same bundle", "baseline": "glue baseline (sentence-transformers)",
+              "fresh": "fresh runc run of the same bundle", "floor": "floor (python, numpy + zmq, bind, reply)",
+              "baseline": "glue baseline (sentence-transformers)",
               "import_torch": "bare import torch"}
     for ax, (kind, runs) in zip(axes[:, 0], groups):
         rows = _rows(runs)
@@ -80,6 +81,8 @@ def write_chart(record: dict, path: Path) -> str | None:
     head = (f"restore median {s['restore_median_ms']} ms, fresh {s['fresh_median_ms']} ms "
             f"({s['ratio_fresh_over_restore']}x)" if snap else f"median {s['median_ms']} ms")
     base = f", baseline {s['baseline_median_ms']} ms, ratio {s['ratio_median']}x" if s.get("baseline_median_ms") else ""
+    if s.get("floor_median_ms"):
+        base += f", floor {s['floor_median_ms']} ms ({s['ratio_over_floor']}x)"
     fig.suptitle(f"edge-coldstart: {head}{base}, budget {s['budget_ms']:.0f} ms: {'PASS' if s['pass'] else 'FAIL'}",
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.09, 1, 0.96))

@@ -36,6 +36,7 @@ from bench.coldstart.args import EXIT_CODES, UsageError, check_paths, parse_args
 from bench.coldstart import launch as L
 from bench.coldstart import report as R
 from bench.coldstart.client import RECONNECT_IVL_MS
+from bench.coldstart import floor_runs as F
 from bench.coldstart.machine import load_average, machine_facts
 from bench.coldstart.runtime_runs import bundle_contract, check_address_free, run_bundle, run_runtime
 from bench.coldstart.script_runs import run_baseline, run_import_probe
@@ -97,6 +98,8 @@ class Bench:
         self.nofile: int | None = None  # the containers' RLIMIT_NOFILE where not the bundle's own
         self.runc_bundle = args.bundle  # what `runc run` gets: the bundle, or a copy with that limit lowered
         self.snapshot_info: dict | None = None
+        self.floor_bundle: F.FloorBundle | None = None  # --bundle, --snapshot, --unit: the floor under runc
+        self.floor_info: dict = {"runs": args.floor_runs}
 
     # ------------------------------------------------------------ one process of each kind
 
@@ -127,6 +130,43 @@ class Bench:
         if self.args.snapshot:
             self.snapshot_info = SR.ensure_snapshot(self.args.bundle, self.nofile, timeout_s=self.args.timeout_s,
                                                     say=lambda msg: _say(self.args, msg))
+
+    def _floor_setup(self) -> None:
+        """Where the floor runs: as a process like the runtime's, or in the bundle's image under runc."""
+        if not self.args.floor_runs:
+            self.floor_info.update(how=None, note="--no-floor" if self.args.no_floor else "--floor-runs 0")
+            return
+        bundle = self.args.bundle or (self.target.bundle if self.target else None)
+        if bundle is None:
+            argv = [*F.floor_interpreter(), str(F.FLOOR_SCRIPT), "--bind", "ipc://WORKDIR/floor.sock"]
+            self.floor_info.update(how="process", argv=argv, env="the runtime's (boot_env: PYTHONPATH)")
+            return
+        nofile = self.nofile if self.args.bundle else SR.container_nofile(bundle, None)[0]
+        try:
+            self.floor_bundle = F.floor_bundle(bundle, self.workroot, self.reference, nofile)
+        except L.RunFailed as exc:
+            self.args.floor_runs = 0
+            self.floor_info.update(runs=0, how=None, note=str(exc))
+            _say(self.args, f"floor: {exc}; no floor runs")
+            return
+        fb = self.floor_bundle
+        interp = fb.argv[:fb.argv.index("-c")]
+        self.floor_info.update(how="runc", bundle=str(bundle), config=str(fb.path / "config.json"),
+                               argv=[*interp, "-c", "<bench/coldstart/floor.py>", "--bind", fb.container_address],
+                               address=fb.host_address, nofile=nofile,
+                               **({"note": "runc run directly, not under systemd"} if self.target else {}))
+
+    def _floor(self, i: int) -> L.RunResult:
+        wd = self.workroot / f"floor-{i}"
+        if self.floor_bundle is not None:
+            return F.run_floor_bundle(self.floor_bundle, wd, self.args.text, self.reference,
+                                      timeout_s=self.args.timeout_s)
+        return F.run_floor(wd, self.args.text, self.reference, timeout_s=self.args.timeout_s)
+
+    def _floor_due(self, i: int) -> bool:
+        """--floor-runs spread evenly over the --runs pairs (every pair when they are equal)."""
+        f, n = self.args.floor_runs, self.args.runs
+        return (i * f) // n > ((i - 1) * f) // n
 
     def _traced_files(self) -> list[str]:
         """Every file a boot to READY opens or maps: the bundle builder's recorder, reused."""
@@ -181,6 +221,10 @@ class Bench:
             _say(self.args, "burn-in: fresh bundle start (untimed)...")
             self._fresh(0)
         probe = self._probe(0, list_files=cold) if self.probe else None
+        self._floor_setup()
+        if self.args.floor_runs:
+            _say(self.args, f"burn-in: floor start, {self.floor_info['how']} (untimed)...")
+            self._floor(0)
         if cold:
             if not self.args.bundle:
                 _say(self.args, "burn-in: traced boot for the eviction list (untimed)...")
@@ -211,6 +255,7 @@ class Bench:
         else:
             s.add_tree("package", self.package)
             s.add("runtime_traced", runtime_files)
+            s.add("floor", [str(F.FLOOR_SCRIPT)])  # its numpy and zmq are the venv's, below
         self._runtime_files = list(s.files)  # what the runtime reads: for the residency check
         s.add_tree("model_dir", self.model_dir)
         s.add("baseline_traced", base.listed_files)
@@ -269,6 +314,12 @@ class Bench:
                     pair["fresh"] = self._fresh(i).as_dict()
                 except L.RunFailed as exc:
                     self.failures.append({"i": i, "kind": "fresh", "error": str(exc)})
+            if self.args.floor_runs and self._floor_due(i):
+                self._evict()
+                try:
+                    pair["floor"] = self._floor(i).as_dict()
+                except L.RunFailed as exc:
+                    self.failures.append({"i": i, "kind": "floor", "error": str(exc)})
             if not self.args.no_baseline:
                 self._evict()
                 try:
@@ -301,6 +352,9 @@ class Bench:
             parts.append(f"fresh {fr['total_ms']:.0f} ms" if fr else "fresh FAILED")
             if fr and rt:
                 parts.append(f"fresh/restore {fr['total_ms'] / rt['total_ms']:.2f}x")
+        if pair.get("floor"):
+            fl = pair["floor"]["total_ms"]
+            parts.append(f"floor {fl:.0f} ms" + (f" ({rt['total_ms'] / fl:.2f}x)" if rt else ""))
         if pair.get("baseline"):
             parts.append(f"baseline {pair['baseline']['total_ms']:.0f} ms")
         if pair.get("import_torch"):
@@ -316,7 +370,8 @@ class Bench:
                   "runs": a.runs, "budget_ms": a.budget_ms, "bundle": str(a.bundle) if a.bundle else None,
                   "package": str(self.package) if self.package else None, "model_dir": str(self.model_dir),
                   "text": a.text, "runtime_args": a.runtime_arg, "reconnect_ivl_ms": RECONNECT_IVL_MS,
-                  "snapshot": a.snapshot, "nofile": self.nofile, "unit": self.target.unit if self.target else None}
+                  "snapshot": a.snapshot, "nofile": self.nofile, "unit": self.target.unit if self.target else None,
+                  "floor": self.floor_info}
         if self.target:
             config["bundle"] = str(self.target.bundle)
         phases = {k: R.phase_table([p[k] for p in pairs if p.get(k)])
@@ -336,6 +391,8 @@ class Bench:
         if a.snapshot:
             record["snapshot"] = self.snapshot_info
             record["summary"].update(R.snapshot_summary(pairs, self.snapshot_info))
+        s = record["summary"]
+        s.update(F.floor_summary(pairs, s["median_ms"], s.get("fresh_median_ms") if a.snapshot else None))
         if a.compare:
             record["compare"] = R.compare(record, json.loads(a.compare.read_text()))
         return record

@@ -16,8 +16,10 @@ __all__ = ["DEFAULT_BUDGET_MS", "GOALS", "RUN_KINDS", "stats", "phase_durations"
 
 DEFAULT_BUDGET_MS = 1500.0  # exec to first reply, median of the runs
 # The kinds of run a pair may hold: "runtime" is what the verdict judges (the process, the
-# bundle, or with --snapshot the restore); "fresh" is --snapshot's fresh `runc run` of the bundle.
-RUN_KINDS = ("runtime", "fresh", "baseline", "import_torch")
+# bundle, or with --snapshot the restore); "fresh" is --snapshot's fresh `runc run` of the bundle;
+# "floor" the bare Python process that only binds and answers (floor_runs.py), started the same way.
+RUN_KINDS = ("runtime", "fresh", "floor", "baseline", "import_torch")
+FLOOR_TITLE = "floor (python, numpy + zmq, bind, one reply)"
 # This machine's goals (warm cache, median of 10); informational, the exit code follows the budget.
 GOALS = {"onnxruntime_ms": 500.0, "torchscript_over_import_torch_ms": 400.0, "ratio_min": 8.0,
          "cold_own_stages_max_ratio": 2.0}
@@ -179,7 +181,7 @@ def format_table(record: dict) -> str:
     runtime_title = (f"snapshot restore ({record['config']['engine']})" if snap
                      else f"{record['config']['mode']} ({record['config']['engine']})")
     for kind, title in (("runtime", runtime_title), ("fresh", "fresh `runc run` of the same bundle"),
-                        ("baseline", "glue baseline (sentence-transformers)"), ("import_torch", "bare `import torch`")):
+                        ("floor", FLOOR_TITLE), ("baseline", "glue baseline (sentence-transformers)"), ("import_torch", "bare `import torch`")):
         table = record["phases"].get(kind)
         if not table:
             continue
@@ -192,6 +194,8 @@ def format_table(record: dict) -> str:
                          "exec_to_ready": "exec -> READY", "total": "TOTAL exec -> first reply"}[name]
                 if snap and kind == "runtime":
                     label = label.replace("exec ->", "restore ->")
+            elif name == "total" and kind == "floor":
+                label = "TOTAL exec -> first reply"
             elif name == "total":
                 label = "TOTAL exec -> result"
             lines.append(f"  {label:<28}{_fmt(st['min']):>9}{_fmt(st['median']):>9}{_fmt(st['p95']):>9}")
@@ -208,6 +212,17 @@ def format_table(record: dict) -> str:
             lines.append(f"fresh / restore, per pair: {', '.join(f'{r:.2f}' for r in s['ratios_fresh_over_restore'])}; "
                          f"medians {s['fresh_median_ms']:.0f} / {s['restore_median_ms']:.0f} ms = "
                          f"{s['ratio_fresh_over_restore']:.2f}x")
+    if s.get("floor_median_ms") is not None:
+        what = "restore" if snap else "runtime"
+        fresh = (f"; fresh {s['fresh_median_ms']:.0f} ms = {s['fresh_ratio_over_floor']:.2f}x"
+                 if snap and s.get("fresh_ratio_over_floor") is not None else "")
+        ratio = f"{s['ratio_over_floor']:.2f}x" if s.get("ratio_over_floor") is not None else "-"
+        lines.append(f"floor: median {s['floor_median_ms']:.0f} ms (min {_fmt(s.get('floor_min_ms'))}, p95 "
+                     f"{_fmt(s.get('floor_p95_ms'))}, {s.get('floor_runs')} runs); {what} / floor: "
+                     f"{_fmt(s['median_ms'])} / {s['floor_median_ms']:.0f} ms = {ratio}{fresh}")
+    elif "floor_median_ms" in s:
+        lines.append("floor: not measured (" + (((record.get("config") or {}).get("floor") or {}).get("note")
+                                                or "no floor run replied") + ")")
     if s.get("ratio_median") is not None:
         lines.append(f"baseline / runtime, per pair: {', '.join(f'{r:.1f}' for r in s['ratios'])}; "
                      f"median {s['ratio_median']:.1f}x")

@@ -108,11 +108,11 @@ def add_arguments(p) -> None:
 
 def find_package(given: str | None, env: dict | None = None) -> tuple[str | None, str]:
     """(directory or None, where it came from): --package, EDGE_PACKAGE, the device's, a build host's."""
-    env = os.environ if env is None else env
+    environ = os.environ if env is None else env
     if given:
         return given, "--package"
-    if env.get("EDGE_PACKAGE"):
-        return env["EDGE_PACKAGE"], "EDGE_PACKAGE"
+    if environ.get("EDGE_PACKAGE"):
+        return environ["EDGE_PACKAGE"], "EDGE_PACKAGE"
     if os.path.isdir(DEVICE_PACKAGE):
         return DEVICE_PACKAGE, "the device's bundle"
     from edge.runtime.default_package import default_package_dir
@@ -147,9 +147,10 @@ def wait_ready(client, address: str, deadline: float) -> tuple[Check, bool]:
                               "waited_ms": round(waited, 1)}), True
             last = f"state {body.get('state')}"
         except FileNotFoundError as exc:
+            why = exc.strerror or str(exc)  # check_ipc_server always sets strerror
             if exc.errno == errno.ENOTSOCK:  # a setting to fix, not a server still starting
-                return Check("ready", False, exc.strerror), False
-            last = exc.strerror
+                return Check("ready", False, why), False
+            last = why
         except TimeoutError as exc:
             last = str(exc)
         except EdgeError as exc:

@@ -54,7 +54,8 @@ class _Poller:
             check_ipc_server(self.address)  # no socket file: say so at once, not after a timeout
             return self.client.stats(timeout_s=self.timeout_s), ""
         except FileNotFoundError as exc:
-            return None, "its socket file does not exist" if exc.errno == errno.ENOENT else exc.strerror
+            # check_ipc_server always sets strerror; str(exc) only for a FileNotFoundError built without one.
+            return None, "its socket file does not exist" if exc.errno == errno.ENOENT else exc.strerror or str(exc)
         except TimeoutError:
             return None, f"no reply within {self.timeout_s:g} s"
         except EdgeError as exc:

@@ -205,7 +205,7 @@ def build_view(prev: dict | None, cur: dict, elapsed_s: float | None, address: s
     """The frame for ``cur`` (a stats reply); rates and interval figures from ``prev``, the reply
     ``elapsed_s`` seconds before (by the client's clock), when it is of the same boot."""
     same, dt = _comparable(prev, cur), None
-    if same:
+    if same and prev is not None:  # same implies prev (_comparable)
         up0, up1 = _number(prev.get("uptime_s")), _number(cur.get("uptime_s"))
         # The server's clock spans exactly the two snapshots; the client's adds its round trips.
         dt = up1 - up0 if up0 is not None and up1 is not None and up1 > up0 else elapsed_s
@@ -213,7 +213,7 @@ def build_view(prev: dict | None, cur: dict, elapsed_s: float | None, address: s
     prev, dt = (prev, dt) if same else (None, None)
 
     def rate(*path) -> float | None:
-        return max(0, _count(cur, *path) - _count(prev, *path)) / dt if same else None
+        return max(0, _count(cur, *path) - _count(prev, *path)) / dt if same and dt else None
 
     def block(key: str) -> dict:
         return cur[key] if isinstance(cur.get(key), dict) else {}
@@ -234,8 +234,8 @@ def build_view(prev: dict | None, cur: dict, elapsed_s: float | None, address: s
              device=device_view(cur.get("telemetry")) if "telemetry" in cur else DeviceView())
     for name in HISTOGRAMS:
         h = _get(cur, "latency_ms", name)
-        v.latency[name] = Latency(*(_number(h.get(k)) for k in ("p50", "p95", "p99")), _count(h, "count")) \
-            if isinstance(h, dict) else Latency()
+        v.latency[name] = Latency(p50=_number(h.get("p50")), p95=_number(h.get("p95")), p99=_number(h.get("p99")),
+                                  count=_count(h, "count")) if isinstance(h, dict) else Latency()
         v.latency_interval[name] = interval_histogram(_get(prev, "latency_ms", name), h)
 
     texts, batches = _batch_mean(_get(cur, "batches", "sizes"))

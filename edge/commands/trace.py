@@ -214,7 +214,8 @@ def run(args) -> int:
         return _fail(f"{args.trace_id!r} is not a trace id (16 hex digits, as in a reply's trace_id)", 2)
     skipped = Skipped()
     try:
-        return _lookup(args, trace_id, directory, rejected, directory is not None and os.path.isdir(directory), skipped)
+        journal = directory if directory is not None and os.path.isdir(directory) else None
+        return _lookup(args, trace_id, directory, rejected, journal, skipped)
     except BrokenPipeError:  # stdout closed early (| head): what was printed is what was wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 0
@@ -224,41 +225,42 @@ def run(args) -> int:
         return _fail(f"cannot read the journal at {directory}: {why} (--journal-dir DIR, --state-dir DIR)", 2)
 
 
-def _lookup(args, trace_id: str, directory: str | None, rejected: str, have_journal: bool, skipped) -> int:
+def _lookup(args, trace_id: str, directory: str | None, rejected: str, journal: str | None, skipped) -> int:
+    """``journal``: ``directory`` where it is a directory (holds the journal), else None."""
     if args.last is not None:
-        if not have_journal:
+        if journal is None:
             return _fail(f"no journal at {directory} (--journal-dir DIR, --state-dir DIR)", 2)
         from edge.observability.journal.reader import last
 
-        recs = [_record(e, lin, None) for e, lin in last(directory, args.last, skipped)]
+        recs = [_record(e, lin, None) for e, lin in last(journal, args.last, skipped)]
         _report(skipped)
         _print(recs if args.json else "\n\n".join(render(r) for r in recs), args.json)
         return 0
     sample = _sample(rejected, trace_id, args.json, skipped)
     found = None
-    if have_journal:
+    if journal is not None:
         from edge.observability.journal.reader import find
 
-        found = find(directory, trace_id, skipped)
-    elif sample is None:
-        _report(skipped)
-        return _fail(f"no journal at {directory}: point --journal-dir (or --state-dir) at the runtime's "
-                     f"(edge serve --journal-dir, --state-dir)", 2)
-    if found is None and sample is None:
-        from edge.observability.journal.reader import extent
-
-        x = extent(directory, skipped=skipped)
-        _report(skipped)
-        return _fail(f"{trace_id} is not in the journal at {directory}: it holds {x['entries']} entries in "
-                     f"{x['segments']} segment(s) ({x['bytes']} bytes), from {_when(x['oldest_ms'])} to "
-                     f"{_when(x['newest_ms'])}", 1)
+        found = find(journal, trace_id, skipped)
     if found is not None:
         rec = _record(found.entry, found.lineage, found.segment)
-    else:  # a sample whose entry is not (or no longer) in the journal
+    elif sample is not None:  # a sample whose entry is not (or no longer) in the journal
         rec = {"trace_id": trace_id, "type": sample.get("type"), "code": sample.get("code"),
                "name": sample.get("name"), "message": sample.get("message"), "time": _when(sample.get("time_ms")),
                "client": sample.get("client"), "request_id": sample.get("request_id"), "lineage": None,
                "lineage_id": None, "timings_ms": {}, "journal_entry": False}
+    elif journal is None:
+        _report(skipped)
+        return _fail(f"no journal at {directory}: point --journal-dir (or --state-dir) at the runtime's "
+                     f"(edge serve --journal-dir, --state-dir)", 2)
+    else:
+        from edge.observability.journal.reader import extent
+
+        x = extent(journal, skipped=skipped)
+        _report(skipped)
+        return _fail(f"{trace_id} is not in the journal at {directory}: it holds {x['entries']} entries in "
+                     f"{x['segments']} segment(s) ({x['bytes']} bytes), from {_when(x['oldest_ms'])} to "
+                     f"{_when(x['newest_ms'])}", 1)
     rec["rejected_sample"] = sample
     rec["skipped"] = skipped.as_dict()
     _report(skipped)

@@ -22,6 +22,8 @@ from edge.engines.base import ENGINE_NAMES, Engine, check_batch
 from edge.errors import EngineError, ErrorCode
 
 if TYPE_CHECKING:
+    from edge.engines.ort import OrtEngine
+    from edge.engines.torchscript import TorchScriptEngine
     from edge.preload.manifest import ModelPackage
 
 __all__ = ["Engine", "ENGINE_NAMES", "import_engine", "load_engine", "check_batch"]
@@ -67,6 +69,7 @@ def load_engine(
     from edge.preload.manifest import ModelPackage, open_package
 
     pkg = package if isinstance(package, ModelPackage) else open_package(package, verify="size", engine=name)
+    cls: type[OrtEngine | TorchScriptEngine]
     if name == "onnxruntime":
         from edge.engines.ort import OrtEngine as cls
     elif name == "torchscript":

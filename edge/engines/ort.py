@@ -184,6 +184,7 @@ class OrtEngine:
             for i in range(n):
                 p = c_char_p()
                 lib.call(call, self._session, c_size_t(i), alloc, byref(p))
+                assert p.value is not None  # ORT set it, or lib.call raised
                 out.append(p.value.decode())
                 lib.call("AllocatorFree", alloc, ctypes.cast(p, c_void_p))
             return out
@@ -233,7 +234,7 @@ class OrtEngine:
         Boot warms the session with this while its main thread is still importing numpy.
         True when every output value is finite.
         """
-        row = list(ids[:tokens])
+        row: list[c_int64 | int] = list(ids[:tokens])  # the element type ctypes' slice assignment takes
         flat_ids = (c_int64 * (batch * tokens))()
         flat_mask = (c_int64 * (batch * tokens))()
         for r in range(batch):

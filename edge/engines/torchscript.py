@@ -131,6 +131,7 @@ class TorchScriptEngine:
 
     def close(self) -> None:
         self._module = None
-        if getattr(self, "_weights", None) is not None:
-            self._weights.close()
+        weights = getattr(self, "_weights", None)  # unset when __init__ failed before mapping them
+        if weights is not None:
+            weights.close()
             self._weights = None

@@ -37,7 +37,7 @@ class Gateway:
         self.api_key = api_key
         self.info: dict | None = None  # the runtime's model, width and limits, from its stats (once)
         self.conns: dict = {}  # RequestHandler -> [requests in progress, monotonic time of the last change]
-        self.server = None  # aiohttp's web.Server once listening: its ``connections`` are the open ones
+        self.server: web.Server | None = None  # aiohttp's web.Server once listening: its ``connections`` are the open ones
 
     # ------------------------------------------------------------ plumbing
 

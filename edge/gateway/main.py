@@ -96,6 +96,8 @@ async def _serve(args, listen, address, curve, api_key, ssl_ctx) -> int:
                            lingering_time=1.0, shutdown_timeout=5.0)
     await runner.setup()
     server = runner.server
+    if server is None:  # aiohttp makes it in setup(); None would refuse every connection below
+        raise RuntimeError("aiohttp's AppRunner has no server after setup()")
     gw.server = server
 
     def factory():

@@ -9,6 +9,7 @@ requests in flight, cancel), use :meth:`EdgeClient.send` and :meth:`EdgeClient.r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import zmq
@@ -29,7 +30,7 @@ def raise_for_error(reply: P.Reply) -> P.Reply:
     """Raise the EdgeError subclass of an error reply (with ``trace_id`` set); return other replies."""
     if reply.is_error:
         b = reply.body
-        code = b.get("code")
+        code: Any = b.get("code")  # off the wire: an int from a well-formed server, ErrorCode() checks it
         try:
             code = ErrorCode(code)
         except ValueError:
@@ -83,18 +84,24 @@ class EdgeClient:
 
     # ------------------------------------------------------------ raw
 
+    def _socket(self) -> zmq.Socket:
+        """The connection's socket: None only after close(), when the client is not to be used."""
+        assert self._sock is not None, "the client is closed"
+        return self._sock
+
     def send(self, mtype: str, body: dict) -> None:
-        self._sock.send_multipart(P.encode_request(mtype, body, self.encoding))
+        self._socket().send_multipart(P.encode_request(mtype, body, self.encoding))
 
     def send_frames(self, frames: list) -> None:
-        self._sock.send_multipart(frames)
+        self._socket().send_multipart(frames)
 
     def recv(self, timeout_s: float | None = None) -> P.Reply:
         """The next reply on this connection; TimeoutError when none arrives in time."""
         t = self.timeout_s if timeout_s is None else timeout_s
-        if not self._sock.poll(int(t * 1000), zmq.POLLIN):
+        sock = self._socket()
+        if not sock.poll(int(t * 1000), zmq.POLLIN):
             raise TimeoutError(f"no reply from {self.address} within {t:g} s")
-        return P.decode_reply(self._sock.recv_multipart())
+        return P.decode_reply(sock.recv_multipart())
 
     def request(self, mtype: str, body: dict, timeout_s: float | None = None) -> P.Reply:
         """Send one request and wait for its reply; error replies are raised as EdgeError."""

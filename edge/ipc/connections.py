@@ -138,15 +138,22 @@ class Connections:
 
     # ---------------------------------------------------------------- the socket file
 
+    def _files(self) -> tuple[str, str]:
+        """(socket file, parked directory): both set on ipc, the only transport that parks (the
+        callers return first on tcp)."""
+        assert self._path is not None and self._parked_dir is not None
+        return self._path, self._parked_dir
+
     def _park(self) -> None:
+        path, parked_dir = self._files()
         try:
-            os.mkdir(self._parked_dir, 0o700)
+            os.mkdir(parked_dir, 0o700)
         except FileExistsError:
-            st = os.lstat(self._parked_dir)  # ours and private, or not used at all
+            st = os.lstat(parked_dir)  # ours and private, or not used at all
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
                 return
         try:
-            os.rename(self._path, os.path.join(self._parked_dir, "sock"))
+            os.rename(path, os.path.join(parked_dir, "sock"))
         except OSError:
             return
         self.parked = True
@@ -157,9 +164,10 @@ class Connections:
             resume_below=self.resume)
 
     def _restore(self) -> None:
+        path, parked_dir = self._files()
         try:
-            os.rename(os.path.join(self._parked_dir, "sock"), self._path)
-            os.rmdir(self._parked_dir)
+            os.rename(os.path.join(parked_dir, "sock"), path)
+            os.rmdir(parked_dir)
         except FileNotFoundError:
             pass
         except OSError:
@@ -178,10 +186,10 @@ class Connections:
             return
         self._retired = True
         if inode is not None:
-            remove_ipc_file(os.path.join(self._parked_dir, "sock") if self.parked else self._path, inode)
+            remove_ipc_file(os.path.join(self._files()[1], "sock") if self.parked else self._path, inode)
         if self.parked:
             with contextlib.suppress(OSError):
-                os.rmdir(self._parked_dir)
+                os.rmdir(self._files()[1])
             self.parked = False
 
     def close(self) -> None:

@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 __all__ = ["SERVER_PUBLIC", "SERVER_SECRET", "AUTHORIZED", "CLIENTS", "KeyFileError", "is_loopback", "create_key_files",
            "load_key_file", "ServerCurve", "server_curve", "ClientCurve", "client_curve"]
@@ -100,7 +104,7 @@ class ServerCurve:
         self.secret_file = os.path.join(self.dir, SERVER_SECRET)
         self.authorized = os.path.join(self.dir, AUTHORIZED)
         self.public_key: bytes | None = None  # Z85, once applied
-        self._auth = None  # the ThreadAuthenticator, started by the first apply()
+        self._auth: ThreadAuthenticator | None = None  # the ThreadAuthenticator, started by the first apply()
 
     def apply(self, router, ctx) -> None:
         """Make ``router`` a CURVE server and start the ZAP handler on ``ctx``. Call it before
@@ -186,6 +190,7 @@ class ClientCurve:
         """From the server's public key file and the client's secret key file (KeyFileError names a bad one)."""
         server_public, _ = load_key_file(server_key_file, secret=False, what="server key")
         public, secret = load_key_file(client_key_file, secret=True, what="client key")
+        assert secret is not None  # secret=True: load_key_file refuses a file without one
         return cls(server_public, public, secret)
 
     def apply(self, sock) -> None:

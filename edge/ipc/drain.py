@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, cast
 
 import zmq
 
@@ -62,12 +62,12 @@ def read_to_the_end(router: zmq.Socket, handle: Callable[[list[zmq.Frame]], None
         try:
             frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            if not router.poll(min(bounds.quiet_s, left) * 1000.0, zmq.POLLIN):
+            if not router.poll(int(min(bounds.quiet_s, left) * 1000.0), zmq.POLLIN):  # whole ms, as pyzmq truncates
                 break  # silence (up to the time bound at most)
             continue
         read += 1
         nbytes += sum(len(f) for f in frames)
         handle(frames)
-    unread = bool(cut) and bool(router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+    unread = bool(cut) and bool(cast(int, router.getsockopt(zmq.EVENTS)) & zmq.POLLIN)  # EVENTS: an int option
     return {"read": read, "bytes": nbytes, "ms": round((time.monotonic() - start) * 1000.0, 1), "cut": cut,
             "left_unread": unread}

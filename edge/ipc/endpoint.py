@@ -96,10 +96,10 @@ def default_address(env: dict | None = None) -> str:
     """``$EDGE_ADDRESS``, else ``ipc://$XDG_RUNTIME_DIR/edge/edge.sock``, else ``ipc:///run/edge/edge.sock``."""
     from edge.config.env import env_address
 
-    env = os.environ if env is None else env
-    if env_address(env):
-        return env_address(env)
-    base = env.get("XDG_RUNTIME_DIR")
+    address = env_address(env)  # env None: the process's environment, as below
+    if address:
+        return address
+    base = (os.environ if env is None else env).get("XDG_RUNTIME_DIR")
     return f"ipc://{os.path.join(base, 'edge')}/edge.sock" if base else "ipc:///run/edge/edge.sock"
 
 

@@ -208,7 +208,7 @@ class HealthReply:
     queue: QueueInfo
     trace_id: str
     live: bool = True
-    OPTIONAL = frozenset()
+    OPTIONAL = frozenset[str]()  # none (the element type, for mypy, as the others' is inferred)
 
     def frames(self, encoding: str) -> list:
         return encode_reply("health", _body(self), encoding)
@@ -254,7 +254,7 @@ class CancelReply:
     request_id: RequestId
     cancelled: bool  # the request was still queued or running, and now ends with CANCELLED
     trace_id: str
-    OPTIONAL = frozenset()
+    OPTIONAL = frozenset[str]()  # none (the element type, for mypy, as the others' is inferred)
 
     def frames(self, encoding: str) -> list:
         return encode_reply("cancel", _body(self), encoding)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import zmq
@@ -30,7 +30,7 @@ class Peer:
         self.conn = conn  # edge.ipc.connections number: replies go only while it is open
         self.received = time.monotonic()  # s: the message was read from the socket (the request's arrival)
         self.address = address  # libzmq's Peer-Address: the client's IP on tcp, host:uid:gid:pid on ipc
-        self.sample = None  # (sizes, first bytes) of the frames, kept for a rejected request (--keep-rejected)
+        self.sample: tuple[list, list] | None = None  # (sizes, first bytes) of the frames, kept for a rejected request (--keep-rejected)
 
 
 def split_envelope(frames: list[zmq.Frame], conn: int, address: str | None = None,
@@ -39,6 +39,7 @@ def split_envelope(frames: list[zmq.Frame], conn: int, address: str | None = Non
     frames after the envelope: as bytes when there are 2 (the protocol's count), else left in
     libzmq's memory, since the reply (WRONG_FRAME_COUNT) reads none of them. With
     ``sample_bytes``, the peer holds a copy of the frames' first bytes, in case they are refused."""
+    rest: list  # zmq.Frame, or bytes once copied out below
     identity, rest = frames[0].bytes, frames[1:]
     delim = bool(rest) and len(rest[0]) == 0  # REQ sockets put an empty delimiter first
     if delim:
@@ -58,7 +59,7 @@ def split_envelope(frames: list[zmq.Frame], conn: int, address: str | None = Non
 def peer_address(frame: zmq.Frame) -> str | None:
     """The sender's address as libzmq reports it, or None where it reports none."""
     try:
-        return frame.get("Peer-Address")
+        return cast(str, frame.get("Peer-Address"))  # a string property (get() returns int for the int ones)
     except zmq.ZMQError:
         return None
 

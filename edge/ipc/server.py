@@ -94,8 +94,8 @@ class IpcServer:
         os.set_blocking(self._wake_w, False)
         self._io_thread: threading.Thread | None = None
         self._stopped = threading.Event()
-        self._handlers = {"infer": self._on_infer, "cancel": self._on_cancel, "health": self._on_health,
-                          "stats": self._on_stats}
+        self._handlers: dict[str, Callable[[Peer, Any], None]] = {
+            "infer": self._on_infer, "cancel": self._on_cancel, "health": self._on_health, "stats": self._on_stats}
         self.extra_stats: Callable[[], dict] | None = None  # more stats fields, no I/O (edge.observability.telemetry sets it)
         self.journal: Any = None  # edge.observability.journal.writer.Journal: every reply is noted there (boot sets it)
 
@@ -213,18 +213,22 @@ class IpcServer:
 
     # ------------------------------------------------------------ I/O thread
 
+    def _bound(self) -> tuple[zmq.Socket, Connections]:
+        """The router and its connections: bind() made them, and start() binds before the I/O thread runs."""
+        assert self._router is not None and self._conns is not None
+        return self._router, self._conns
+
     def _io_main(self) -> None:
-        router = self._router
+        router, conns = self._bound()
         poller = zmq.Poller()
-        conns = self._conns
         poller.register(router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         poller.register(conns.monitor, zmq.POLLIN)
         try:
             while True:
-                timeout = None  # block until a message, a result or a request from another thread
-                if self._drain_deadline is not None:
-                    timeout = max(0.0, (self._drain_deadline - time.monotonic()) * 1000.0)
+                timeout: int | None = None  # block until a message, a result or a request from another thread
+                if self._drain_deadline is not None:  # ms, whole (as pyzmq would truncate a float)
+                    timeout = int(max(0.0, (self._drain_deadline - time.monotonic()) * 1000.0))
                 events = dict(poller.poll(timeout))
                 conns.update()  # first: connections opened before their messages were sent
                 if self._wake_r in events:
@@ -263,6 +267,7 @@ class IpcServer:
         self._send_results()
         if not self._inflight and not self._cancels:
             return True
+        assert self._drain_deadline is not None  # set when the drain began
         if time.monotonic() < self._drain_deadline:
             return False
         log("shutdown.drain_timeout", level="warning", unfinished=len(self._inflight), answer="SHUTTING_DOWN",
@@ -277,8 +282,9 @@ class IpcServer:
     def _last_reads(self) -> None:
         """Nothing in flight: take the socket file away, answer every message the socket still
         holds or receives until it falls silent (bounded: edge/ipc/drain.py), then return to close."""
-        self._conns.stop_accepting(self._ipc_inode)
-        self.last_reads = summary = read_to_the_end(self._router, self._on_message, self.final_reads)
+        router, conns = self._bound()
+        conns.stop_accepting(self._ipc_inode)
+        self.last_reads = summary = read_to_the_end(router, self._on_message, self.final_reads)
         self._send_results()  # late outcomes of requests answered already: nothing is sent for them
         if summary["read"] or summary["cut"]:  # a quiet stop logs draining, done and nothing between
             log("shutdown.last_reads", level="warning" if summary["left_unread"] else "info", **summary)
@@ -292,13 +298,14 @@ class IpcServer:
         return drop is None
 
     def _deliver(self, peer: Peer, frames: list) -> str | None:
-        self._conns.update()  # a DISCONNECTED still unread could hand this reply to the id's next owner
-        if not self._conns.is_open(peer.conn):
+        router, conns = self._bound()
+        conns.update()  # a DISCONNECTED still unread could hand this reply to the id's next owner
+        if not conns.is_open(peer.conn):
             self.metrics.reply_dropped("unroutable")
             return "unroutable"
         envelope = [peer.identity, b""] if peer.delim else [peer.identity]
         try:
-            self._router.send_multipart(envelope + frames, zmq.NOBLOCK)
+            router.send_multipart(envelope + frames, zmq.NOBLOCK)
             return None
         except zmq.ZMQError as exc:  # the peer's queue is full, or it is gone: the reply is dropped, never the server
             reason = "hwm" if exc.errno == zmq.EAGAIN else "unroutable"
@@ -318,7 +325,7 @@ class IpcServer:
     def _on_message(self, frames: list[zmq.Frame]) -> None:
         last = frames[-1]
         address = peer_address(last)
-        conn = self._conns.conn_of(last.get(zmq.SRCFD), address if self._ipc_path else None)
+        conn = self._bound()[1].conn_of(last.get(zmq.SRCFD), address if self._ipc_path else None)
         peer, rest = split_envelope(frames, conn, address, self.journal.sample_bytes if self.journal else 0)
         try:
             mtype, msg = parse_request(rest, self.limits)
@@ -347,7 +354,7 @@ class IpcServer:
             return self._send_error(peer, ErrorCode.SHUTTING_DOWN, "server is shutting down", rid)
         if rid is None:
             self._seq += 1
-            key = (peer.conn, 1, self._seq)
+            key: tuple[int, int, int | str] = (peer.conn, 1, self._seq)
         else:
             key = (peer.conn, 0, rid)
             if key in self._inflight:
@@ -374,7 +381,7 @@ class IpcServer:
             self.metrics.replied("health")
 
     def _on_stats(self, peer: Peer, msg: P.StatsMsg) -> None:
-        reply = stats_reply(self, peer, len(self._inflight), self._conns.info())
+        reply = stats_reply(self, peer, len(self._inflight), self._bound()[1].info())
         if self._send(peer, reply.frames(peer.encoding), "stats"):
             self.metrics.replied("stats")
 
@@ -389,7 +396,7 @@ class IpcServer:
                     self._finish(message.request)
                 elif isinstance(message, Failed):
                     self._finish(message.request, message.code, message.message)
-                elif isinstance(message, CancelOutcome) and self._cancels.pop(id(message.reply_to), None):
+                elif isinstance(message, CancelOutcome) and self._cancels.pop(id(message.reply_to), None) is not None:
                     self._cancel_replied(message.reply_to, message.target.request_id, message.cancelled)
             except Exception:
                 log_exception("ipc.send_failed", level="error", type=type(message).__name__,

@@ -8,6 +8,7 @@ beyond the codec.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from edge.errors import ErrorCode
@@ -51,7 +52,7 @@ def _request_id(v: Any, limits: Limits) -> RequestId:
 
 _INFER_KEYS = frozenset({"texts", "request_id", "deadline_ms", "priority", "truncate"})
 _CANCEL_KEYS = frozenset({"request_id"})
-_EMPTY = frozenset()
+_EMPTY: frozenset[str] = frozenset()
 
 
 def _parse_infer(body: dict, limits: Limits) -> InferMsg:
@@ -124,7 +125,8 @@ def _parse_stats(body: dict, limits: Limits) -> StatsMsg:
     return StatsMsg()
 
 
-_PARSERS = {"infer": _parse_infer, "cancel": _parse_cancel, "health": _parse_health, "stats": _parse_stats}
+_PARSERS: dict[str, Callable[[dict, Limits], Message]] = {
+    "infer": _parse_infer, "cancel": _parse_cancel, "health": _parse_health, "stats": _parse_stats}
 
 
 def parse_request(frames: list, limits: Limits = Limits()) -> tuple[str, Message]:

@@ -58,6 +58,12 @@ class FallbackSpec(FrozenRecord):
         "path",  # str | None: the fallback package's directory inside this one (kind "package")
         "package_sha256",  # str | None: that package's identity (kind "package")
     )
+    # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
+    kind: str
+    engine: str
+    device: str
+    path: str | None
+    package_sha256: str | None
     _defaults = {"path": lambda: None, "package_sha256": lambda: None}
 
     @classmethod

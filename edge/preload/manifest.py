@@ -65,6 +65,9 @@ SELFTEST_MIN_COSINE = 0.9999
 
 class FileEntry(FrozenRecord):
     __slots__ = ("sha256", "size")  # hex digest; bytes
+    # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
+    sha256: str
+    size: int
 
     @classmethod
     def model_validate(cls, d: object, where: str) -> "FileEntry":
@@ -75,6 +78,10 @@ class FileEntry(FrozenRecord):
 class TensorSpec(FrozenRecord):
     # name; dtype: one of DTYPES; shape: ints, or names of symbolic dims ("batch", "sequence")
     __slots__ = ("name", "dtype", "shape")
+    # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
+    name: str
+    dtype: str
+    shape: list[int | str]
 
     @classmethod
     def model_validate(cls, d: object, where: str) -> "TensorSpec":
@@ -172,6 +179,28 @@ class Manifest(Record):
         "fallback",  # FallbackSpec | None: none named, or a kind this runtime does not know
         "extra",  # dict: fields newer writers add; format_version guards breaks
     )
+    # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
+    format_version: int
+    name: str
+    model_sha256: str
+    tokenizer_sha256: str | None
+    package_sha256: str
+    files: dict[str, FileEntry]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    output_dim: int
+    max_seq_length: int
+    pooling: str
+    normalize: bool
+    vocab_size: int
+    engines: dict[str, dict]
+    serving: ServingSettings
+    source: dict
+    tool_versions: dict[str, str]
+    nondeterministic: dict[str, str]
+    selftest: SelftestReference | None
+    fallback: FallbackSpec | None
+    extra: dict
     _defaults = {"nondeterministic": dict, "selftest": lambda: None, "fallback": lambda: None, "extra": dict}
 
     @classmethod

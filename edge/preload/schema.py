@@ -84,7 +84,7 @@ class Record:
     ``_defaults`` maps a field to a zero-argument factory.
     """
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
     _defaults: dict = {}
 
     def __init__(self, *args, **kwargs) -> None:
@@ -112,7 +112,9 @@ class Record:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
 
-    __hash__ = None  # mutable records, like a non-frozen dataclass
+    # No __hash__: a class that defines __eq__ and not __hash__ gets __hash__ = None from
+    # Python, so records are unhashable (mutable, like a non-frozen dataclass). Spelled out,
+    # ``__hash__ = None`` would clash in mypy with FrozenRecord's __hash__.
 
 
 class FrozenRecord(Record):

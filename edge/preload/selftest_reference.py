@@ -28,6 +28,13 @@ class SelftestReference(Record):
         "computed_with",  # dict: how ``embedding`` was computed (engine, file, device); informative
         "extra",  # dict: fields newer writers add
     )
+    # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
+    text: str
+    embedding: list[float]
+    min_cosine: float
+    boot_budget_ms: float
+    computed_with: dict
+    extra: dict
     _defaults = {"computed_with": dict, "extra": dict}
 
     @classmethod

@@ -32,7 +32,7 @@ def _warm_overrides(v: object, where: str) -> dict:
         unknown = set(spec) - {"batch_sizes", "repeats"}
         if unknown:
             raise Invalid(f"{where}.{kind}.{sorted(unknown)[0]}", "unexpected field")
-        checked = {}
+        checked: dict[str, list[int] | int | None] = {}
         if spec.get("batch_sizes") is not None:
             checked["batch_sizes"] = _ascending(spec["batch_sizes"], f"{where}.{kind}.batch_sizes")
         elif "batch_sizes" in spec:
@@ -49,6 +49,19 @@ class ServingSettings(Record):
     __slots__ = ("buckets", "batch_sizes", "max_batch_size", "max_batch_tokens", "max_delay_ms",
                  "max_queue_requests", "max_queue_tokens", "max_pending_text_bytes", "default_deadline_ms", "warm",
                  "warm_sample_ids", "extra")
+    # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
+    buckets: list[int]
+    batch_sizes: list[int]
+    max_batch_size: int
+    max_batch_tokens: int
+    max_delay_ms: float
+    max_queue_requests: int
+    max_queue_tokens: int
+    max_pending_text_bytes: int
+    default_deadline_ms: float
+    warm: dict[str, dict]
+    warm_sample_ids: list[int] | None
+    extra: dict
     _defaults = {
         "buckets": lambda: [16, 32, 64, 128, 256],  # tokens per row, ascending
         "batch_sizes": lambda: [1, 2, 4, 8, 16, 32],  # rows a batch may be padded up to (warmed on CUDA)
@@ -73,7 +86,7 @@ class ServingSettings(Record):
     # specialises after 2-3 calls (measured with MiniLM: a shape's first 2-3 calls run below
     # steady speed), so CUDA runs each shape 3 times, at every batch size a batch can be
     # padded to (None: ``batch_sizes``).
-    WARM_DEFAULTS = {
+    WARM_DEFAULTS: dict[str, dict] = {
         "cpu": {"batch_sizes": [1], "repeats": 1},
         "cuda": {"batch_sizes": None, "repeats": 3},
     }
@@ -81,7 +94,7 @@ class ServingSettings(Record):
     @classmethod
     def model_validate(cls, d: object, where: str = "serving") -> "ServingSettings":
         d = dict(dict_of(d, where))
-        known = {}
+        known: dict[str, object] = {}
         for name in ("buckets", "batch_sizes"):
             if name in d:
                 known[name] = _ascending(d.pop(name), f"{where}.{name}")

@@ -22,6 +22,7 @@ import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from edge.preload.tokenizer_fb.Tokenizer import Tokenizer as _FbTokenizer
 from edge.preload.tokenizer_fb.TruncationSide import TruncationSide
 from edge.preload.tokenizer_models import BPE, VocabTable, WordPiece
 from edge.preload.tokenizer_text import AddedTokenSplitter, ByteLevelSplitter, CharMap, SplitClasses, _RangeTable
+
+if TYPE_CHECKING:
+    from typing import Literal
 
 __all__ = ["load_tokenizer", "Tokenizer", "Encoding", "EncodedBatch", "FORMAT_VERSION", "FILE_IDENTIFIER"]
 
@@ -72,7 +76,7 @@ class EncodedBatch:
     truncated: list[bool]
 
 
-def _vec(fb, name: str, fmt: str) -> memoryview | None:
+def _vec(fb, name: str, fmt: Literal["B", "I", "i"]) -> memoryview | None:
     """Zero-copy memoryview of a vector field of the file (None when absent)."""
     if getattr(fb, name + "IsNone")():
         return None
@@ -137,7 +141,7 @@ class Tokenizer:
         self.unk_id = fb.UnkId()
         if fb.Model() == ModelKind.WordPiece:
             prefix = (fb.ContinuingSubwordPrefix() or b"").decode("utf-8")
-            self.model = WordPiece(self.vocab, self.unk_id, prefix, fb.MaxInputCharsPerWord())
+            self.model: WordPiece | BPE = WordPiece(self.vocab, self.unk_id, prefix, fb.MaxInputCharsPerWord())
         elif fb.Model() == ModelKind.BPE:
             empty = memoryview(b"").cast("i")
             mh = _vec(fb, "MergeHash", "i") or memoryview(b"\xff\xff\xff\xff").cast("i")
@@ -216,7 +220,7 @@ class Tokenizer:
             )
         ids: list[int] = []
         for seg in self._added.segments(text):
-            if type(seg) is int:
+            if isinstance(seg, int):  # an added token's id; else a str (segments yields only these)
                 ids.append(seg)
             elif stop is None:
                 self._segment(seg, ids)

@@ -10,9 +10,13 @@ words do not repeat.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 from zlib import crc32
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["VocabTable", "WordPiece", "BPE", "merge_slot", "WORD_CACHE_MAX", "WORD_CACHE_BYTES"]
 
@@ -106,6 +110,7 @@ class _WordCache:
     """
 
     _cache: dict[str, tuple[int, ...]]  # subclasses create it and define _tokenize(word)
+    _tokenize: Callable[[str], tuple[int, ...]]  # the model run behind a miss (a subclass's method)
     cache_budget: int  # bytes (approximate) of cached words and ids before a clear
     cache_bytes: int  # bytes (approximate) now held by the cache
 
@@ -167,6 +172,7 @@ class WordPiece(_WordCache):
             return self._unknown()
         if self._first_chars is None:
             self._learn()
+            assert self._first_chars is not None  # _learn sets it
         if word[0] not in self._first_chars or not self._later_chars.issuperset(word[1:]):
             return self._unknown()
         # VocabTable.get_bytes inlined: ~25% of a miss-heavy word is the call

@@ -227,7 +227,9 @@ class AddedTokenSplitter:
             if content in lstrip:  # back over whitespace, not into the previous match
                 start = pos + len(text[pos:start].rstrip(_WS_CHARS))
             if content in rstrip:
-                end = _WS_RUN.match(text, end).end()
+                ws = _WS_RUN.match(text, end)
+                assert ws is not None  # a run of zero or more: matches anywhere
+                end = ws.end()
             if start > pos:
                 yield text[pos:start]
             yield ids[content]
@@ -236,6 +238,7 @@ class AddedTokenSplitter:
             yield text[pos:]
 
     def _segments_grouped(self, text: str) -> Iterator[str | int]:
+        assert self._grouped is not None  # the caller's check: only called with a grouped pattern
         pos = 0
         for m in self._grouped.finditer(text):
             if m.start() > pos:

@@ -9,8 +9,14 @@ and the device stages after the restore, on the main thread (:meth:`EngineChain.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from edge.errors import BootError
 from edge.runtime.stages import Handoff, Stages, Task, stage_error
+
+if TYPE_CHECKING:
+    from edge.engines.base import Engine
+    from edge.serving.shapes import BatchShapes
 
 __all__ = ["EngineChain", "VERIFY_SETTING", "verify_package", "verify_gpu_files"]
 
@@ -55,7 +61,10 @@ class EngineChain:
         (the snapshot point); :meth:`finish` runs the device stages later."""
         self._stages, self._args, self._pkg, self._tokenizer = stages, args, pkg, tokenizer
         self._stop_before_cuda = stop_before_cuda
-        self.engine = self.buffers = self.shapes = self.device = None
+        self.engine: Engine | None = None
+        self.buffers: dict | None = None
+        self.shapes: BatchShapes | None = None
+        self.device: str | None = None
         self.warm: dict | None = None  # warm_buckets' record: its fastest_ms is the breaker's yardstick
         self.library = Handoff() if args.engine in self.MAIN_THREAD_IMPORT else None
         self._task = Task("engine", self._chain)
@@ -74,6 +83,7 @@ class EngineChain:
         """The device stages, on this thread, after a restore; returns what :meth:`result` does."""
         if self.device == "auto":
             self.device = self._resolve(stages.run, "auto")
+        assert self.device is not None  # the chain's first part chose it (pending)
         self._device_stages(stages, self.device, overlapped=False)
         return self.engine, self.shapes, self.buffers
 

@@ -62,7 +62,7 @@ class Timeline:
 
     @contextmanager
     def stage(self, name: str, **info):
-        entry = {"stage": name, "start_ms": round(self.now_ms(), 3)}
+        entry: dict = {"stage": name, "start_ms": round(self.now_ms(), 3)}
         entry.update(info)
         try:
             yield entry
@@ -79,7 +79,7 @@ class Timeline:
     def as_dict(self) -> dict:
         with self._lock:
             stages = sorted(self._stages, key=lambda s: s["start_ms"])
-        out = {"stages": stages, "exec_to_ready_ms": self.ready_ms, "pid": os.getpid(), "start": self.start}
+        out: dict = {"stages": stages, "exec_to_ready_ms": self.ready_ms, "pid": os.getpid(), "start": self.start}
         if self.snapshot is not None:
             out["snapshot"] = self.snapshot
         return out

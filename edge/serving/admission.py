@@ -98,7 +98,9 @@ class Admission:
                 raise InternalError(f"tokenizer returned {a.size} ids for texts[{i}] "
                                     f"(max_length {self.max_text_tokens})")
             ids.append(a)
-            buckets.append(self.shapes.bucket_for(a.size))
+            bucket = self.shapes.bucket_for(a.size)
+            assert bucket is not None  # a.size <= max_text_tokens, which the largest bucket holds
+            buckets.append(bucket)
             truncated.append(bool(enc.truncated))
         request.set_tokens(ids, buckets, truncated)
 

@@ -106,8 +106,10 @@ class CircuitBreaker:
     def probe_due(self) -> bool:
         """Whether the engine loop should run a probe now: open for ``cooldown_s``, or half-open."""
         with self._lock:
-            if self.state is BreakerState.OPEN and self._clock() - self.opened_at >= self.cooldown_s:
-                self.state, self.successes = BreakerState.HALF_OPEN, 0
+            if self.state is BreakerState.OPEN:
+                assert self.opened_at is not None  # _trip sets it with the state
+                if self._clock() - self.opened_at >= self.cooldown_s:
+                    self.state, self.successes = BreakerState.HALF_OPEN, 0
             return self.state is BreakerState.HALF_OPEN
 
     def seconds_to_probe(self) -> float | None:
@@ -116,6 +118,7 @@ class CircuitBreaker:
             if self.state is BreakerState.HALF_OPEN:
                 return 0.0
             if self.state is BreakerState.OPEN:
+                assert self.opened_at is not None  # _trip sets it with the state
                 return max(0.0, self.opened_at + self.cooldown_s - self._clock())
             return None
 

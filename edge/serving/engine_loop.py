@@ -150,7 +150,7 @@ class EngineLoop:
         """Pad the parts into the bucket's buffers and run the engine ``route`` names: (out (rows, D),
         rows, tokens, start). ``until``: when to stop waiting for a primary on its worker."""
         n = len(parts)
-        ids_buf, mask_buf = (self.fallback.buffers if route is Route.FALLBACK else self.buffers)[bucket]
+        ids_buf, mask_buf = (self._fallback().buffers if route is Route.FALLBACK else self.buffers)[bucket]
         rows = self.shapes.padded_rows(n, bucket)
         ids, mask = ids_buf[:rows], mask_buf[:rows]  # (rows, bucket) int64 views
         ids.fill(self.pad_id)
@@ -166,13 +166,24 @@ class EngineLoop:
             mask[n:] = mask[0]
         start = self._clock()
         if route is Route.FALLBACK:
-            out = np.asarray(self.fallback.engine.run(ids, mask))  # (rows, D) float32
+            out = np.asarray(self._fallback().engine.run(ids, mask))  # (rows, D) float32
         else:
             out = np.asarray(self._on_primary(ids, mask, until))
         if out.ndim != 2 or out.shape[0] != rows or (self._dim is not None and out.shape[1] != self._dim):
             raise ValueError(f"engine returned shape {out.shape}, expected ({rows}, {self._dim or 'D'})")
         self._dim = out.shape[1]
         return out, rows, tokens, start
+
+    def _fallback(self) -> Fallback:
+        """The fallback, on Route.FALLBACK: the breaker routes there only when one is configured."""
+        assert self.fallback is not None
+        return self.fallback
+
+    def _breaker(self) -> CircuitBreaker:
+        """The breaker, where the loop already knows it has one (a probe, a route other than
+        PRIMARY, a judgement: each happens only with a breaker)."""
+        assert self.breaker is not None
+        return self.breaker
 
     def _on_primary(self, ids, mask, until: float):
         """The primary's run: here, or on its worker when a fallback exists, given up on at ``until``."""
@@ -205,9 +216,10 @@ class EngineLoop:
                 ok = True
         except Exception as exc:  # the engine failed or hung: the probe failed, the loop goes on
             why = f"{type(exc).__name__}: {exc}"[:200]
-        self.breaker.probe_done(ok, why)
+        breaker = self._breaker()
+        breaker.probe_done(ok, why)
         log("breaker.probe", level="info" if ok else "warning", ok=ok, ms=round((self._clock() - t0) * 1000, 1),
-            state=self.breaker.state.value, why=why or None)
+            state=breaker.state.value, why=why or None)
 
     def _route(self) -> Route:
         return Route.PRIMARY if self.breaker is None else self.breaker.route()
@@ -215,20 +227,22 @@ class EngineLoop:
     def _judge_late(self, requests: list[Request], end: float, rows: int, bucket: int, compute_ms: float) -> None:
         """Tell the breaker how the primary did: a late request counts against it only when its
         deadline was one the engine could meet and the engine was slow for the shape."""
-        late = [r for r in requests if r.deadline is not None and end > r.deadline]
+        breaker = self._breaker()
+        late = [(r, r.deadline) for r in requests if r.deadline is not None and end > r.deadline]  # (r, its deadline)
         impossible = not_slow = 0
         if self.cost is not None and late:
-            impossible = sum(1 for r in late if self.cost.impossible((r.deadline - r.arrival) * 1000.0, rows, bucket))
+            impossible = sum(1 for r, deadline in late
+                             if self.cost.impossible((deadline - r.arrival) * 1000.0, rows, bucket))
             if not self.cost.slow(compute_ms, rows, bucket):
                 not_slow = len(late) - impossible
-            self.breaker.not_the_engines_fault(impossible, not_slow)
+            breaker.not_the_engines_fault(impossible, not_slow)
         missed = len(late) - impossible - not_slow
         # In time, or late behind a queue while the engine ran at its speed: evidence it is well.
         # An impossible deadline is evidence of nothing.
         served = len(requests) - len(late) + not_slow
-        self.breaker.primary_done(served, missed,
-                                  f"{missed} request(s) answered after their deadline; the {rows}x{bucket} batch "
-                                  f"took {compute_ms:.0f} ms (warm-up: {self._expected(rows, bucket)})")
+        breaker.primary_done(served, missed,
+                             f"{missed} request(s) answered after their deadline; the {rows}x{bucket} batch "
+                             f"took {compute_ms:.0f} ms (warm-up: {self._expected(rows, bucket)})")
 
     def _expected(self, rows: int, bucket: int) -> str:
         need = self.cost.expected_ms(rows, bucket) if self.cost is not None else None
@@ -240,7 +254,7 @@ class EngineLoop:
         requests = list({id(p.request): p.request for p in parts}.values())
         route = self._route()
         if route is Route.FAIL_FAST:
-            self.breaker.count(route, len(requests))
+            self._breaker().count(route, len(requests))
             self.sched.batch_done(self._clock())
             self._fail(requests, ErrorCode.BREAKER_OPEN, "the circuit breaker is open (the engine kept missing "
                        "deadlines or failing) and there is no fallback; retry after its cool-down")
@@ -256,7 +270,7 @@ class EngineLoop:
         self.sched.batch_done(end)
         if route is Route.FALLBACK:
             newly = [r for r in requests if not r.degraded]  # a request's texts may span several batches
-            self.breaker.count(route, len(newly))
+            self._breaker().count(route, len(newly))
             for request in newly:
                 request.degraded = True
         compute_ms = (end - start) * 1000.0
@@ -303,9 +317,10 @@ class EngineLoop:
     def _judge_failure(self, bucket: int, n: int, requests: list[Request], exc: Exception, timed_out: bool) -> None:
         """A failure counts against the primary; a wait given up on counts only when the engine had
         more time than a slow run of the shape needs (a 5 ms deadline is the client's choice)."""
+        breaker = self._breaker()
         rows = self.shapes.padded_rows(n, bucket)
         if timed_out and self.cost is not None and not self.cost.slow(getattr(exc, "waited_ms", 0.0), rows, bucket):
-            self.breaker.not_the_engines_fault(len(requests), 0)  # neither a miss nor a success
+            breaker.not_the_engines_fault(len(requests), 0)  # neither a miss nor a success
             return
-        self.breaker.primary_done(0, len(requests), f"{type(exc).__name__}: {exc}"[:200],
-                                  cause="hung" if timed_out else "failed")
+        breaker.primary_done(0, len(requests), f"{type(exc).__name__}: {exc}"[:200],
+                             cause="hung" if timed_out else "failed")

@@ -70,6 +70,7 @@ class EngineWorker:
                     self._cond.wait()
                 if self._stop:
                     return
+                assert self._job is not None  # the wait ends on a job or a stop
                 ids, mask = self._job
                 self._job = None
             try:

@@ -34,7 +34,10 @@ Engine loop -> I/O thread (its outbox): :class:`Finished`, :class:`Failed`, :cla
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Part", "Request", "Admit", "Cancel", "Finished", "Failed", "CancelOutcome", "phases_ms"]
 
@@ -92,7 +95,7 @@ class Request:
         self.eff_deadline = math.inf  # deadline, or arrival + default; the scheduler's ordering key
         self.idle_arrival = False  # arrived when no batch was running: dispatch at once
         self.finished = False  # every text ran, or the request was dropped: its other parts are ignored
-        self.out = None  # (N, D) float32, allocated by the engine loop
+        self.out: np.ndarray | None = None  # (N, D) float32, allocated by the engine loop
         self.queue_ms = 0.0  # longest wait of any text before its batch ran (ms)
         self.compute_ms = 0.0  # sum of the engine times of the batches it was in (ms)
         self.last_batch = -1  # number of the last batch it was in (counts compute_ms once per batch)

@@ -77,6 +77,7 @@ class TokenizeStage:
         try:
             if request.released:  # answered while it waited (drain timeout): no work, no reply
                 return
+            assert texts is not None  # set on arrival (ServingCore); only this stage drops them
             self.admission.fill(request, texts)
             if self.admission.admit(request):
                 self.metrics.accepted(request.texts)

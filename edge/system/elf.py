@@ -18,6 +18,5 @@ def elf_machine(path) -> str | None:
         return None
     if len(head) < 20 or head[:4] != b"\x7fELF":
         return None
-    order = "little" if head[5] == 1 else "big"
-    code = int.from_bytes(head[18:20], order)
+    code = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")  # EI_DATA: 1 little-endian
     return ELF_MACHINES.get(code, f"e_machine={code}")

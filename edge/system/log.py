@@ -74,7 +74,7 @@ def log(event: str, level: str = "info", **fields) -> None:
     """One line: ``event`` and ``fields`` (JSON-able; anything else is written as its str)."""
     lvl = _LEVELS[level]
     if LOGGER.isEnabledFor(lvl):
-        record = LOGGER.makeRecord(LOGGER.name, lvl, "edge", 0, event, None, None)
+        record = LOGGER.makeRecord(LOGGER.name, lvl, "edge", 0, event, (), None)  # no %-args, as Logger.info("x")
         record.created = time.time()
         record.fields = fields
         LOGGER.handle(record)

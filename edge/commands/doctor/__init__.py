@@ -84,7 +84,7 @@ def make_context(args, address: str | None, curve, host=None):
     bundle_path = Path(args.bundle) if args.bundle else root / DEVICE_BUNDLE.lstrip("/")
     bundle = load_bundle(bundle_path)
     if args.bundle and (bundle is None or bundle.error):
-        raise UsageError(f"--bundle {bundle_path}: " + (bundle.error if bundle else "no such directory"))
+        raise UsageError(f"--bundle {bundle_path}: {bundle.error if bundle else 'no such directory'}")
     system_root = os.path.realpath(root) == "/"
     if address is not None:
         source = "--connect"

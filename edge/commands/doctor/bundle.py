@@ -11,7 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-from edge.commands.doctor.context import BundleFacts, Context, read_text
+from edge.commands.doctor.context import BundleFacts, Context, as_dict, read_text
 from edge.commands.doctor.report import Check, Verdict
 
 __all__ = ["check_bundle", "check_cdi_devices", "check_memory", "check_socket"]
@@ -39,7 +39,7 @@ def check_bundle(ctx: Context) -> Check:
         return Check("bundle", Verdict.FAIL, b.error, f"install the bundle again: {REINSTALL}",
                      {"path": str(b.path), "real": str(b.real)})
     meta = b.meta
-    package = meta.get("package") if isinstance(meta.get("package"), dict) else {}
+    package = as_dict(meta.get("package"))
     measured = {"path": str(b.path), "real": str(b.real), "bundle_sha256": meta.get("bundle_sha256"),
                 "arch": meta.get("arch"), "engine": meta.get("engine"), "device": meta.get("device"),
                 "package": package.get("name"), "package_sha256": package.get("package_sha256"),
@@ -129,8 +129,8 @@ def check_memory(ctx: Context) -> Check:
     if b is None:
         return Check("memory", Verdict.NA, f"{_mib(available)} available of {_mib(total)}; no bundle to size "
                                            f"against", measured=measured)
-    package = b.meta.get("package") if isinstance(b.meta.get("package"), dict) else {}
-    sizes = b.meta.get("sizes") if isinstance(b.meta.get("sizes"), dict) else {}
+    package = as_dict(b.meta.get("package"))
+    sizes = as_dict(b.meta.get("sizes"))
     package_bytes = package.get("bytes") or sizes.get("package_bytes") or 0
     limit = ((b.config.get("linux") or {}).get("resources") or {}).get("memory", {}).get("limit")
     # The container may use up to its limit; the package's pages may sit in the page cache
@@ -157,8 +157,9 @@ def check_memory(ctx: Context) -> Check:
     return Check("memory", Verdict.PASS, text, measured=measured)
 
 
-def _socket_target(ctx: Context, b: BundleFacts | None) -> tuple[Path | None, Path | None]:
-    """(socket directory, socket file) under the root: the bundle's, else the address's."""
+def _socket_target(ctx: Context, b: BundleFacts | None) -> tuple[Path, Path] | None:
+    """(socket directory, socket file) under the root: the bundle's, else the address's; None: neither
+    names one."""
     if b is not None and b.meta.get("socket_dir"):
         d = ctx.path(b.meta["socket_dir"])
         address = str(b.meta.get("address") or "")
@@ -167,16 +168,17 @@ def _socket_target(ctx: Context, b: BundleFacts | None) -> tuple[Path | None, Pa
     if ctx.address and ctx.address.startswith("ipc://") and not ctx.address.startswith("ipc://@"):
         f = Path(ctx.address[len("ipc://"):])
         return f.parent, f
-    return None, None
+    return None
 
 
 def check_socket(ctx: Context) -> Check:
     b = ctx.usable_bundle
-    d, sock = _socket_target(ctx, b)
-    if d is None:
+    target = _socket_target(ctx, b)
+    if target is None:
         why = "a tcp:// address has no socket file" if ctx.address else "no bundle and no address"
         return Check("socket", Verdict.NA, why)
-    user = b.meta.get("user") if b is not None and isinstance(b.meta.get("user"), dict) else {}
+    d, sock = target
+    user = as_dict(b.meta.get("user")) if b is not None else {}
     uid, gid = user.get("uid"), user.get("gid")
     measured = {"socket_dir": str(d), "socket": str(sock), "want_uid": uid, "want_mode": oct(SOCKET_DIR_MODE)}
     up = ctx.server is not None and ctx.server.answered

@@ -18,11 +18,12 @@ import subprocess
 import sys
 import threading
 import time
+from typing import cast
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-__all__ = ["UNIT_PATH", "Ran", "Host", "BundleFacts", "ServerFacts", "Context", "read_text", "read_json",
+__all__ = ["UNIT_PATH", "Ran", "Host", "BundleFacts", "ServerFacts", "Context", "read_text", "read_json", "as_dict",
            "load_bundle", "version_line"]
 
 # systemd's default PATH for a service: where edge.service's runc, and runc's criu, are found
@@ -73,6 +74,11 @@ def read_json(path: Path) -> tuple[object | None, str | None]:
         return None, f"{path} is not JSON ({exc})"
 
 
+def as_dict(v: object) -> dict:
+    """``v`` when it is a JSON object, else an empty one: a record's optional block."""
+    return v if isinstance(v, dict) else {}
+
+
 def version_line(text: str) -> str:
     """A command's output as edge-supervise records it (snapshot_rules.tool_version) in a snapshot's dependencies."""
     return "; ".join(line.strip() for line in text.splitlines() if line.strip()) or "absent"
@@ -120,7 +126,7 @@ class Host:
         try:
             # at least a moment: one that ended while another was awaited still has its output to read
             out, err = proc.communicate(timeout=max(0.1, timeout_s))
-            return Ran(list(proc.args), proc.returncode, out, err)
+            return Ran(list(cast("list[str]", proc.args)), proc.returncode, out, err)  # start(): a list of str
         except subprocess.TimeoutExpired:
             try:  # the whole session: a child that forked keeps the pipes open otherwise
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -130,7 +136,7 @@ class Host:
                 proc.communicate(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
-            return Ran(list(proc.args), None, error=f"timed out after {given_s or timeout_s:g} s")
+            return Ran(list(cast("list[str]", proc.args)), None, error=f"timed out after {given_s or timeout_s:g} s")
 
     def run(self, argv: list[str], timeout_s: float = COMMAND_TIMEOUT_S) -> Ran:
         return self.finish(self.start(argv), timeout_s)
@@ -170,7 +176,7 @@ def load_bundle(path: Path) -> BundleFacts | None:
     facts.meta, facts.config = meta, config
     archive, _ = read_json(real.parent / "edge-archive.json")
     facts.archive = archive if isinstance(archive, dict) else None
-    package = meta.get("package") if isinstance(meta.get("package"), dict) else {}
+    package = as_dict(meta.get("package"))
     inside = str(package.get("path") or "/opt/edge/package").lstrip("/")
     manifest, _ = read_json(real / "rootfs" / inside / "manifest.json")
     facts.manifest = manifest if isinstance(manifest, dict) else None

@@ -84,7 +84,7 @@ def check_nvpmodel(ctx: Context) -> Check:
     conf_path, status_path = ctx.path("/etc/nvpmodel.conf"), ctx.path("/var/lib/nvpmodel/status")
     conf, status = read_text(conf_path, 1 << 20), read_text(status_path, 4096)
     modes, default = parse_power_models(conf or "")
-    measured = {"modes": {str(k): v for k, v in modes.items()}, "default": default}
+    measured: dict = {"modes": {str(k): v for k, v in modes.items()}, "default": default}
     if conf is None:
         return Check("nvpmodel", Verdict.WARN, f"no {conf_path}: the power modes are not installed",
                      "install nvpmodel (apt install nvidia-l4t-nvpmodel), then `sudo nvpmodel -q`", measured)
@@ -119,10 +119,17 @@ def _read_int(path: str) -> int | None:
         return None
 
 
+def _cpu_number(path: str) -> int:
+    """N of a .../cpuN/cpufreq directory."""
+    m = re.search(r"cpu(\d+)/cpufreq$", path)
+    if m is None:  # the glob in _cpus also matches cpu0x/cpufreq, which sysfs never has
+        raise ValueError(f"{path} is not a cpuN/cpufreq directory")
+    return int(m.group(1))
+
+
 def _cpus(ctx: Context) -> list[dict]:
     out = []
-    for d in sorted(glob.glob(str(ctx.path("/sys/devices/system/cpu")) + "/cpu[0-9]*/cpufreq"),
-                    key=lambda p: int(re.search(r"cpu(\d+)/cpufreq$", p).group(1))):
+    for d in sorted(glob.glob(str(ctx.path("/sys/devices/system/cpu")) + "/cpu[0-9]*/cpufreq"), key=_cpu_number):
         gov = (_read(f"{d}/scaling_governor") or "").strip() or None
         out.append({"cpu": os.path.basename(os.path.dirname(d)), "governor": gov,
                     "min_khz": _read_int(f"{d}/scaling_min_freq"), "max_khz": _read_int(f"{d}/scaling_max_freq"),
@@ -142,7 +149,7 @@ def _gpu(ctx: Context) -> dict | None:
 def check_clocks(ctx: Context) -> Check:
     cpus = _cpus(ctx)
     governors = sorted({c["governor"] for c in cpus if c["governor"]})
-    measured = {"governors": governors, "cpus": cpus}
+    measured: dict = {"governors": governors, "cpus": cpus}
     if not ctx.jetson:
         return Check("clocks", Verdict.NA, "not a Jetson: jetson_clocks does not apply"
                      + (f" (CPU governor {', '.join(governors)})" if governors else ""), measured=measured)
@@ -194,7 +201,7 @@ def check_cuda(ctx: Context) -> Check:
         return Check("cuda", Verdict.NA, ctx.not_here)
     engines = ctx.engines
     text = "; ".join(_engine_text(n, p) for n, p in engines.items())
-    measured = {"python": sys.executable, "engines": engines, "gpu_nodes": _gpu_nodes(ctx)}
+    measured: dict = {"python": sys.executable, "engines": engines, "gpu_nodes": _gpu_nodes(ctx)}
     sees = [n for n, p in engines.items() if _sees_cuda(n, p)]
     b = ctx.usable_bundle
     device = b.meta.get("device") if b else None

@@ -11,7 +11,7 @@ import glob
 import os
 from pathlib import Path
 
-from edge.commands.doctor.context import Context, read_json
+from edge.commands.doctor.context import Context, as_dict, read_json
 from edge.commands.doctor.report import Check, Verdict
 
 __all__ = ["check_install", "check_coldstart", "coldstart_records", "COLDSTART_DIR"]
@@ -33,9 +33,9 @@ def check_install(ctx: Context) -> Check:
         return Check("install", Verdict.WARN, why or f"{path} is not a JSON object",
                      "edge-bundle status (it rebuilds the state from the slots)", measured)
     trial = state.get("trial") if isinstance(state.get("trial"), dict) else None
-    slots = state.get("slots") if isinstance(state.get("slots"), dict) else {}
+    slots = as_dict(state.get("slots"))
     live = state.get("live")
-    record = slots.get(live) if isinstance(slots.get(live), dict) else {}
+    record = as_dict(slots.get(live))
     measured.update(live=live, previous=state.get("previous"), trial=trial,
                     bundle_sha256=record.get("bundle_sha256"))
     what = f"slot {live} (bundle {str(record.get('bundle_sha256') or '?')[:12]}, {record.get('package') or '?'})"
@@ -83,17 +83,17 @@ def coldstart_records(ctx: Context) -> tuple[list[Path], list[str]]:
 
 def check_coldstart(ctx: Context) -> Check:
     files, places = coldstart_records(ctx)
-    found = []
+    found: list[tuple[str, float, Path, dict]] = []  # (started_at, mtime, file, record)
     for f in files:
         record, _ = read_json(f)
-        ours = isinstance(record, dict) and record.get("tool") == "edge-coldstart"
-        if ours and isinstance(record.get("summary"), dict):
+        if isinstance(record, dict) and record.get("tool") == "edge-coldstart" \
+                and isinstance(record.get("summary"), dict):
             found.append((str(record.get("started_at") or ""), os.path.getmtime(f), f, record))
     if not found:
         return Check("coldstart", Verdict.NA, f"no edge-coldstart record in {', '.join(places)}",
                      measured={"looked_in": places})
     started, _, path, record = max(found, key=lambda t: (t[1], t[0]))
-    s, config = record["summary"], record.get("config") if isinstance(record.get("config"), dict) else {}
+    s, config = record["summary"], as_dict(record.get("config"))
     measured = {"record": str(path), "started_at": started, "pass": s.get("pass"), "verdict": s.get("verdict"),
                 "median_ms": s.get("median_ms"), "budget_ms": s.get("budget_ms"), "config": config,
                 "records_found": len(found)}

@@ -11,15 +11,15 @@ __all__ = ["check_unit", "check_service", "check_boot_budget"]
 
 def _unit_active(ctx: Context) -> bool:
     props, _ = ctx.unit_state if ctx.system_root else (None, None)
-    return bool(props) and props.get("ActiveState") == "active"
+    return props is not None and props.get("ActiveState") == "active"
 
 
 def check_unit(ctx: Context) -> Check:
     if not ctx.system_root:
         return Check("unit", Verdict.NA, ctx.not_here)
     props, why = ctx.unit_state
-    if props is None:
-        return Check("unit", Verdict.NA, why)
+    if props is None:  # then why says why (unit_state)
+        return Check("unit", Verdict.NA, why or "the unit's state cannot be read here")
     u = ctx.unit
     state, sub, result = props.get("ActiveState"), props.get("SubState"), props.get("Result")
     restarts = int(props["NRestarts"]) if (props.get("NRestarts") or "").isdigit() else 0
@@ -74,7 +74,7 @@ def check_service(ctx: Context) -> Check:
     text = f"ready at {server.address}: {served}, up {health.get('uptime_s') or 0:.0f} s"
     b = ctx.usable_bundle
     want = ((b.meta.get("package") or {}).get("package_sha256") if b else None)
-    if want and lineage.get("package_sha256") and lineage["package_sha256"] != want:
+    if b is not None and want and lineage.get("package_sha256") and lineage["package_sha256"] != want:
         return Check("service", Verdict.WARN, f"{text}; it runs package {lineage['package_sha256'][:12]}, the bundle "
                                               f"at {b.path} holds {want[:12]}",
                      f"systemctl restart {ctx.unit} (a bundle switched without a restart)", measured)
@@ -111,8 +111,8 @@ def check_boot_budget(ctx: Context) -> Check:
     measured: dict = {"budget_ms": budget, "budget_source": source}
     timeline = (server.stats or {}).get("timeline")
     if not isinstance(timeline, dict) or timeline.get("exec_to_ready_ms") is None:
-        why = (timeline or {}).get("error") if isinstance(timeline, dict) else None
-        return Check("boot_budget", Verdict.WARN, f"the server reports no boot timeline ({why or 'none in stats'})",
+        error = (timeline or {}).get("error") if isinstance(timeline, dict) else None
+        return Check("boot_budget", Verdict.WARN, f"the server reports no boot timeline ({error or 'none in stats'})",
                      "start the runtime with its timeline on (edge serve --timeline, the bundle's default)", measured)
     ready_ms = float(timeline["exec_to_ready_ms"])
     start = timeline.get("start", "fresh")

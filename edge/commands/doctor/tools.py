@@ -15,7 +15,7 @@ import re
 import stat
 from pathlib import Path
 
-from edge.commands.doctor.context import Context, read_json, version_line
+from edge.commands.doctor.context import BundleFacts, Context, as_dict, read_json, version_line
 from edge.commands.doctor.report import Check, Verdict
 from edge.system import snapshot_rules
 from edge.system.snapshot_rules import SNAPSHOT_FORMAT, cpu_model
@@ -77,11 +77,10 @@ def snapshot_dir(bundle: Path) -> Path:
     return Path(snapshot_rules.snapshot_dir(bundle))
 
 
-def _dependencies(ctx: Context) -> dict:
-    """What edge-supervise would compare now: the bundle's part always; the machine's (kernel,
-    CRIU, runc, CPU) only on the running system."""
-    b = ctx.usable_bundle
-    package = b.meta.get("package") if isinstance(b.meta.get("package"), dict) else {}
+def _dependencies(ctx: Context, b: BundleFacts) -> dict:
+    """What edge-supervise would compare now for the bundle ``b``: the bundle's part always; the
+    machine's (kernel, CRIU, runc, CPU) only on the running system."""
+    package = as_dict(b.meta.get("package"))
     deps = {"bundle_sha256": b.meta.get("bundle_sha256"), "bundle_path": str(b.real),
             "package_sha256": package.get("package_sha256"), "model_sha256": package.get("model_sha256"),
             "tokenizer_sha256": package.get("tokenizer_sha256")}
@@ -115,8 +114,8 @@ def check_snapshot(ctx: Context) -> Check:
     if record.get("format") != SNAPSHOT_FORMAT:
         return Check("snapshot", Verdict.WARN, f"snapshot format {record.get('format')!r} at {snap}, edge-supervise "
                                                f"reads {SNAPSHOT_FORMAT}: it will start fresh", fresh, measured)
-    recorded = record.get("dependencies") if isinstance(record.get("dependencies"), dict) else {}
-    changed = {k: (recorded.get(k), v) for k, v in _dependencies(ctx).items() if recorded.get(k) != v}
+    recorded = as_dict(record.get("dependencies"))
+    changed = {k: (recorded.get(k), v) for k, v in _dependencies(ctx, b).items() if recorded.get(k) != v}
     if changed:
         measured["changed"] = {k: {"snapshot": a, "now": n} for k, (a, n) in changed.items()}
         shown = "; ".join(f"{k} {_short(a)} -> {_short(n)}" for k, (a, n) in list(changed.items())[:2])

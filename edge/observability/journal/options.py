@@ -35,12 +35,12 @@ OFF = "off"  # --journal-dir off: no journal
 
 
 def default_state_dir(env: dict | None = None) -> str:
-    env = os.environ if env is None else env
+    environ = os.environ if env is None else env
     if os.geteuid() == 0:
         return "/var/lib/edge/runtime"
-    base = env.get("XDG_STATE_HOME") or ""
+    base = environ.get("XDG_STATE_HOME") or ""
     if not os.path.isabs(base):  # the spec: a relative value is to be ignored
-        base = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".local", "state")
+        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".local", "state")
     return os.path.join(base, "edge")
 
 

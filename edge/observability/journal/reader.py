@@ -142,6 +142,7 @@ class _Segment:
     def lineage(self, lid: str | None) -> dict | None:
         if not lid:
             return None
+        assert self.side is not None  # the reader opens every segment with one
         other = _Segment(self.fd, self.size, self.path, self.skipped, self.side)  # same file, not closed by it
         for i in other.forward(LINEAGE_START + lid.encode("ascii") + b'"'):
             lin = other.line(i, lineage_record)

@@ -64,7 +64,7 @@ class Journal:
         self.lid = lineage_id(self.lineage)
         # A degraded reply (the breaker's fallback served it) names the fallback's lineage.
         self.fallback_lineage = dict(fallback_lineage) if fallback_lineage else None
-        self.fallback_lid = lineage_id(self.fallback_lineage) if fallback_lineage else None
+        self.fallback_lid = lineage_id(self.fallback_lineage) if self.fallback_lineage else None
         # One cap over the segments and the samples (both its holders): --journal-max-bytes.
         self.cap = ByteCap(max_bytes) if max_bytes > 0 else None
         self.segments = SegmentFiles(self.directory, max_bytes, segment_bytes, self.cap) if self.directory else None
@@ -157,7 +157,7 @@ class Journal:
         dropped = {"queue_full": self.dropped["queue_full"],
                    "disabled": self.dropped["disabled"] + self.lost["disabled"],
                    "too_large": self.too_large, "no_space": self.lost["no_space"]}
-        out = {
+        out: dict[str, Any] = {
             "enabled": self.enabled, "paused": self.paused("journal"), "pauses": self.pauses["journal"],
             "retry_in_s": self._retry_in(now, "journal"), "dir": self.directory,
             "max_bytes": cap.max_bytes if cap else 0, "used_bytes": cap.used if cap else 0,
@@ -246,11 +246,15 @@ class Journal:
 
     def _write(self, item: tuple, offset: float) -> None:
         seg = self.segments
+        assert seg is not None  # called only while enabled, which needs the segments
         try:
             if not seg.opened:  # its open failed for lack of space: a try
                 seg.open()
-            degraded = item[11] is not None and item[11][8] and self.fallback_lid is not None
-            lid, lineage = (self.fallback_lid, self.fallback_lineage) if degraded else (self.lid, self.lineage)
+            lid, lineage = self.lid, self.lineage
+            # Degraded: the fallback served it. Its lid and lineage are set together (both or neither).
+            if (item[11] is not None and item[11][8] and self.fallback_lid is not None
+                    and self.fallback_lineage is not None):
+                lid, lineage = self.fallback_lid, self.fallback_lineage
             seg.append(entry_line(item, offset, lid), lid, lineage, self._pid)
         except ValueError:  # an entry larger than a quarter of a segment (a tiny cap)
             self.too_large += 1
@@ -266,6 +270,7 @@ class Journal:
                 "message": (message or "")[:200], "request_id": request_id,
                 "client": {"identity": identity[:64].hex(), "connection": conn, "peer": address}}
         r = self.rejected
+        assert r is not None  # called only while samples_enabled, which needs the store
         try:
             if not r.opened:
                 r.open()

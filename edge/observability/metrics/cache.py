@@ -78,6 +78,7 @@ class Exposition:
         # Stale or absent: one thread reads the registry; while it does, the others get the
         # previous render, or wait when there is none yet (or they asked for a fresh one).
         if not self._rendering.acquire(blocking=last is None or fresh):
+            assert last is not None  # only a non-blocking try fails: there is a last render
             return last
         try:
             last = self._last  # another thread may have rendered while this one waited

@@ -257,7 +257,8 @@ def telemetry_families(t: Any) -> Iterator[Metric]:
         g.add(p + "gpu_load_ratio", "GPU busy share (0-1)", gpu.get("load_pct"), label, 0.01)
         g.add(p + "gpu_frequency_hertz", "GPU clock", gpu.get("cur_freq_hz"), label)
         g.add(p + "gpu_max_frequency_hertz", "Highest GPU clock the governor may set", gpu.get("max_freq_hz"), label)
-    for i, d in enumerate(t.get("nvml") if isinstance(t.get("nvml"), list) else ()):  # discrete GPUs
+    nvml = t.get("nvml")
+    for i, d in enumerate(nvml if isinstance(nvml, list) else ()):  # discrete GPUs
         d = _dict(d)
         label = {"gpu": d.get("index", i)}
         g.add(p + "gpu_load_ratio", "GPU busy share (0-1)", d.get("load_pct"), label, 0.01)

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["MetricsListener"]
 
@@ -76,6 +76,8 @@ class _DeadlineIO(io.RawIOBase):
 class _Handler(BaseHTTPRequestHandler):
     """One request (HTTP/1.0: the connection closes after the reply), before the deadline."""
 
+    server: _Server  # the one server that makes these handlers (serve_one), not any BaseServer
+
     def __init__(self, conn: _Conn, server: "_Server") -> None:
         self.conn = conn
         super().__init__(conn.sock, conn.address, server)
@@ -83,7 +85,9 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:  # StreamRequestHandler's, with one deadline for every read and write
         self.connection = self.request
         raw = _DeadlineIO(self.conn)
-        self.rfile, self.wfile = io.BufferedReader(raw), raw
+        # wfile unbuffered, the deadline's writer itself: typeshed wants a BufferedIOBase, and
+        # http.server only calls write() and flush(), which RawIOBase has.
+        self.rfile, self.wfile = io.BufferedReader(raw), raw  # type: ignore[assignment]
 
     def parse_request(self) -> bool:  # reads the headers: the head is in once it returns
         try:
@@ -119,16 +123,17 @@ class _Server(HTTPServer):
         self.clients, self.timeout_s, self.head_grace_s = clients, timeout_s, head_grace_s
         self.lock = threading.Lock()  # guards conns, and every shutdown() of another thread's socket
         self.conns: set[_Conn] = set()  # those holding a slot
-        super().__init__(address, _Handler)
+        # process_request is overridden (serve_one makes each _Handler(conn, self)): TCPServer never
+        # calls the class with its (request, address, server), the signature typeshed checks.
+        super().__init__(address, _Handler)  # type: ignore[arg-type]
 
     def process_request(self, request, client_address) -> None:
         conn = _Conn(request, client_address, self.timeout_s)
         with self.lock:
-            if len(self.conns) >= self.clients and not self._evict_slowest_head():
-                conn = None
-            else:
+            full = len(self.conns) >= self.clients and not self._evict_slowest_head()
+            if not full:
                 self.conns.add(conn)
-        if conn is None:
+        if full:
             self.shutdown_request(request)  # no slot free: closed unanswered
             return
         try:
@@ -190,7 +195,8 @@ class MetricsListener:
                  head_grace_s: float, accepts_per_s: float) -> None:
         self._httpd = _Server((host, port), exposition, clients, timeout_s, head_grace_s)
         self._httpd.timeout = 0  # handle_request() after select() said a connection waits
-        self.address: tuple[str, int] = self._httpd.server_address[:2]
+        # An AF_INET/AF_INET6 socket's address: (host str, port), then IPv6's flowinfo and scope id.
+        self.address = cast("tuple[str, int]", self._httpd.server_address[:2])
         self._pace = _Pace(accepts_per_s, clients)
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()

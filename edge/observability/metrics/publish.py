@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from edge.errors import BootError, ErrorCode
+
+if TYPE_CHECKING:
+    from edge.observability.metrics.http import MetricsListener
 
 __all__ = ["MetricsPublisher", "check_metrics_export", "start_metrics", "wanted", "write_textfile", "TEXTFILE_NAME"]
 
@@ -86,7 +89,7 @@ class MetricsPublisher:
         self.address: tuple[str, int] | None = None  # bound (host, port), port resolved
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
-        self._http = None  # edge.observability.metrics.http.MetricsListener
+        self._http: MetricsListener | None = None
         self._write_error: str | None = None  # the last failure's kind, logged once until a write succeeds
 
     def start(self) -> None:
@@ -114,6 +117,7 @@ class MetricsPublisher:
         (``fresh``: a new one in any case)."""
         from edge.system.log import log
 
+        assert self.textfile_dir is not None  # the textfile writer's: start() runs it only with a directory
         try:
             path = write_textfile(self.textfile_dir, self.exposition.text(fresh=fresh))
         except Exception as exc:  # a full disk or a removed directory must not stop the serving
@@ -163,10 +167,12 @@ def start_metrics(args, server: Any, telemetry: Callable[[], dict | None] | None
     except Exception:
         log_exception("metrics.start_failed", level="error")
         return None
-    fields = {"textfile": os.path.join(args.metrics_textfile, TEXTFILE_NAME) if args.metrics_textfile else None}
+    fields: dict[str, Any] = {
+        "textfile": os.path.join(args.metrics_textfile, TEXTFILE_NAME) if args.metrics_textfile else None}
     if args.metrics_listen:
         try:
             publisher.start_listener(*parse_listen(args.metrics_listen))
+            assert publisher.address is not None  # start_listener bound it
             host, port = publisher.address
             fields["listen"] = f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
         except OSError as exc:

@@ -16,6 +16,7 @@ NVML is initialised once, on the sampler's thread, and kept.
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 __all__ = ["NvmlSource", "LIBRARY"]
 
@@ -40,7 +41,7 @@ class NvmlSource:
         self.library = library
         self._loader = loader or ctypes.CDLL  # tests pass a fake
         self.status = "not tried yet"
-        self._lib = None
+        self._lib: Any = None  # once open: the loader's library (a ctypes.CDLL, or a test's fake)
         self._handles: list = []
         self._tried = False
 

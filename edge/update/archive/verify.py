@@ -33,7 +33,7 @@ import hashlib
 import tarfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Protocol
 
 from edge.update.archive.compression import DecompressingReader
 from edge.update.archive.errors import ManifestError, MemberError
@@ -122,11 +122,15 @@ def check_member(member: tarfile.TarInfo, entry: Entry) -> None:
         raise MemberError(f"{name}: mode {member.mode:o} in the archive, {entry.mode:o} in the manifest", name)
 
 
+class _Reads(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
 class HashingReader:
     """A file member's content: ``read`` hashes as it goes and raises MemberError on the read that
     reaches the end (or finds it early) when the size or sha256 differs from ``entry``."""
 
-    def __init__(self, raw: BinaryIO, entry) -> None:
+    def __init__(self, raw: _Reads, entry) -> None:
         self._raw = raw
         self.entry = entry
         self._hash = hashlib.sha256()
@@ -201,7 +205,8 @@ class ArchiveReader:
         self._stream.limit = self._stream.position + TAR_BUFSIZE + HEADER_ALLOWANCE + _padded(allowed)
         try:
             if self._tar is None:  # reads the first member's header: next() then returns it
-                self._tar = tarfile.open(fileobj=self._stream, mode="r|", bufsize=TAR_BUFSIZE)
+                # A stream ("r|") is only read: typeshed's fileobj protocol asks for write, seek and tell too.
+                self._tar = tarfile.open(fileobj=self._stream, mode="r|", bufsize=TAR_BUFSIZE)  # type: ignore[call-overload]
             return self._tar.next()
         except MemberError:
             raise
@@ -217,12 +222,23 @@ class ArchiveReader:
         if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or member.size > limit:
             raise MemberError(f"{name}: a {_kind(member)} of {member.size} bytes; a file of at most {limit} "
                               f"is expected", name)
-        data = self._read(self._tar.extractfile(member), member.size)
+        data = self._read(self._member_file(member), member.size)
         if len(data) != member.size:
             raise MemberError(f"{name}: the archive ends inside it", name)
         return data
 
-    def _read(self, f: BinaryIO, n: int) -> bytes:
+    def _opened(self) -> tarfile.TarFile:
+        """The tar stream: the first _next opened it (head() reads the first members)."""
+        assert self._tar is not None
+        return self._tar
+
+    def _member_file(self, member: tarfile.TarInfo) -> IO[bytes]:
+        """A file member's reader (the caller checked its type: extractfile is None for others)."""
+        f = self._opened().extractfile(member)
+        assert f is not None
+        return f
+
+    def _read(self, f: IO[bytes], n: int) -> bytes:
         try:
             return f.read(n)
         except MemberError:
@@ -239,14 +255,14 @@ class ArchiveReader:
         for entry in manifest.files:
             member = self._next(entry.size if entry.type == "file" else 0)
             if member is None:  # tarfile takes a header whose checksum fails for the end of the archive
-                why = ("the member is missing, or the archive is truncated" if self._stream.zeros_from(self._tar.offset)
+                why = ("the member is missing, or the archive is truncated" if self._stream.zeros_from(self._opened().offset)
                        else "a damaged tar header stands there")
                 raise MemberError(f"{self.path}: the tar stream ends before {entry.path} ({why})", entry.path)
             check_member(member, entry)
             if entry.type != "file":
                 yield entry, member, None
                 continue
-            data = HashingReader(_Guarded(self, self._tar.extractfile(member)), entry)
+            data = HashingReader(_Guarded(self, self._member_file(member)), entry)
             yield entry, member, data
             data.drain()
 
@@ -256,7 +272,7 @@ class ArchiveReader:
         if extra is not None:
             raise MemberError(f"{extra.name}: a member the manifest does not list", extra.name)
         # tarfile stopped at the first zero block (tar.offset) and may have read on past it.
-        if not self._stream.zeros_from(self._tar.offset):
+        if not self._stream.zeros_from(self._opened().offset):
             raise MemberError("the archive holds data after the end of its tar stream")
         self._source.finish()
 
@@ -264,7 +280,7 @@ class ArchiveReader:
 class _Guarded:
     """A member's reader whose stream errors become MemberError."""
 
-    def __init__(self, archive: ArchiveReader, f: BinaryIO) -> None:
+    def __init__(self, archive: ArchiveReader, f: IO[bytes]) -> None:
         self._archive, self._f = archive, f
 
     def read(self, n: int) -> bytes:

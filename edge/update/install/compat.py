@@ -49,6 +49,7 @@ def device_facts(layout: DeviceLayout) -> DeviceFacts:
         arch_from = f"the ELF machine of {layout.root / 'bin/sh'}"
     if arch is None:
         arch, arch_from = platform.machine(), "uname -m"
+    assert arch_from is not None  # set with arch, by one of the three above
     l4t = None
     try:
         l4t = l4t_release(layout.nv_tegra_release.read_text(errors="replace")) or "unknown"

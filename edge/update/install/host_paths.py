@@ -290,6 +290,7 @@ def read_bundle_files(archive: Path, manifest, manifest_bytes: bytes, signature:
             raise Refused("archive", f"{archive} changed while it was read")
         for entry, _member, data in again.members(manifest):
             if entry.path in sizes:
+                assert data is not None  # sizes names files (check_entries), which come with a reader
                 content = b""
                 while chunk := data.read(1 << 16):  # the read that completes it checks the sha256
                     content += chunk
@@ -369,7 +370,7 @@ def host_dirs(layout: DeviceLayout, meta: BundleHost) -> HostDirs:
     the start checks it (a symlink, not a directory, writable by others: SocketDirError); NotReady."""
     root = os.path.realpath(layout.root)
     gid = meta.user.gid if meta.user else None
-    found = {}
+    found: dict[str, str | None] = {}
     for field in ("socket_dir", "state_dir", "metrics_dir"):
         declared = getattr(meta, field)
         if declared is None:

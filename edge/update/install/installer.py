@@ -46,7 +46,7 @@ from edge.update.install.compat import check_compatible, check_space, device_fac
 from edge.update.install.errors import InstallError, NotReady, Refused, RestartFailed
 from edge.update.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
 from edge.update.install.host_paths import MAX_META_BYTES, META, HostDirs, check_host, check_meta, host_dirs
-from edge.update.install.layout import DeviceLayout
+from edge.update.install.layout import DeviceLayout, SlotName
 from edge.update.install.slots import check_slot, install_target, recover
 from edge.update.install.state import (TRIAL_TRIES, InstallState, SlotRecord, Trial, TrialStatus, now, save_state)
 from edge.update.install.unpack import UnpackStats, unpack
@@ -141,8 +141,8 @@ def switch(layout: DeviceLayout, slot: str) -> None:
     switch_symlink(layout.current, layout.current_target(slot))
 
 
-def record(layout: DeviceLayout, state: InstallState, slot: str, archive: Path, manifest, manifest_bytes: bytes,
-           live: str | None) -> InstallState:
+def record(layout: DeviceLayout, state: InstallState, slot: SlotName, archive: Path, manifest, manifest_bytes: bytes,
+           live: SlotName | None) -> InstallState:
     st = state.model_copy(deep=True)
     st.slots[slot] = SlotRecord(bundle_sha256=manifest.bundle_sha256,
                                 manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(), key_id=manifest.key_id,
@@ -305,6 +305,7 @@ def rollback(layout: DeviceLayout, *, reason: str = "manual", restart: bool = Tr
             raise NotReady(f"slot {live} is not on trial ({state.trial.status.value if state.trial else 'no trial'}): "
                            f"an automatic rollback undoes updates on trial only")
         st = switch_back(layout, state, live, reason)
+    assert st.live is not None  # switch_back made state.previous the live slot
     prepared = prepare_sockets(layout)  # a rollback goes on whatever it says: a warning is told
     restarted = restart_unit(layout, restart, block=block, reset_failed=reset_failed, unit=unit)
     return live, st.live, restarted + (f" ({prepared})" if prepared and prepared.startswith("warning") else "")

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
-__all__ = ["DeviceLayout", "SLOTS", "SLOT_MANIFEST", "SLOT_SIGNATURE", "SLOT_BUNDLE", "other_slot"]
+__all__ = ["DeviceLayout", "SlotName", "SLOTS", "SLOT_MANIFEST", "SLOT_SIGNATURE", "SLOT_BUNDLE", "other_slot"]
 
-SLOTS = ("a", "b")  # at most two: the live one and the one an update goes to (or a rollback returns to)
+SlotName = Literal["a", "b"]
+SLOTS: tuple[SlotName, SlotName] = ("a", "b")  # at most two: the live one and the one an update goes to (or a rollback returns to)
 SLOT_MANIFEST = "edge-archive.json"  # the signed manifest and its signature are kept in the slot:
 SLOT_SIGNATURE = "edge-archive.sig"  # a slot can be checked again, and the state rebuilt from it
 SLOT_BUNDLE = "bundle"
@@ -25,7 +27,7 @@ STAGING_SUFFIX = ".staging"
 OLD_SUFFIX = ".old"
 
 
-def other_slot(name: str) -> str:
+def other_slot(name: str) -> SlotName:
     return SLOTS[1 - SLOTS.index(name)]
 
 
@@ -68,7 +70,7 @@ class DeviceLayout:
         flashing, a test directory) is right once it is ``/``."""
         return f"../slots/{name}/{SLOT_BUNDLE}"
 
-    def live_slot(self) -> tuple[str | None, str | None]:
+    def live_slot(self) -> tuple[SlotName | None, str | None]:
         """``(slot, None)`` when ``current`` is a symlink to a slot's bundle; ``(None, why)`` otherwise
         (``why`` is None when there is no ``current`` at all: nothing installed)."""
         try:

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from edge.update.install.archive import MANIFEST_NAME, FileEntry, SymlinkEntry, parse_manifest
-from edge.update.install.layout import SLOT_MANIFEST, SLOTS, DeviceLayout, other_slot
+from edge.update.install.layout import SLOT_MANIFEST, SLOTS, DeviceLayout, SlotName, other_slot
 from edge.update.install.state import (TRIAL_TRIES, InstallState, SlotRecord, StateError, Trial, TrialStatus, load_state,
                                 now, save_state)
 
@@ -102,7 +102,7 @@ def clean_leftovers(layout: DeviceLayout) -> list[str]:
     return removed
 
 
-def install_target(layout: DeviceLayout, state: InstallState | None, live: str | None) -> str:
+def install_target(layout: DeviceLayout, state: InstallState | None, live: str | None) -> SlotName:
     """The slot an install fills: never the live one; with no ``current``, never the last live one."""
     if live is not None:
         return other_slot(live)
@@ -115,7 +115,7 @@ def reconcile(layout: DeviceLayout, state: InstallState | None) -> tuple[Install
     """``state`` made to agree with the disk, and a note for each change (also in its history).
     Reads only; the caller saves."""
     st = state.model_copy(deep=True) if state is not None else InstallState()
-    notes: list[tuple[str | None, str]] = []
+    notes: list[tuple[SlotName | None, str]] = []
     changed = set()
     for name in SLOTS:
         disk = record_from_slot(layout, name)

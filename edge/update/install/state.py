@@ -17,21 +17,21 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edge.update.install.fsio import atomic_write
-from edge.update.install.layout import DeviceLayout
+from edge.update.install.layout import DeviceLayout, SlotName
 
 __all__ = ["STATE_FORMAT", "TRIAL_TRIES", "HISTORY_LIMIT", "SlotName", "TrialStatus", "SlotRecord", "Trial",
            "HistoryEntry", "InstallState", "StateError", "load_state", "save_state", "now"]
 
-STATE_FORMAT = 1
+STATE_FORMAT: Final = 1  # Final: the literal 1 to mypy, as InstallState.format wants
 TRIAL_TRIES = 3  # starts an update gets to pass its trial; the start after the last one rolls it back
 HISTORY_LIMIT = 50  # entries kept; the journal has the rest, and the file stays a few KiB
 
-SlotName = Literal["a", "b"]
+HistoryEvent = Literal["install", "commit", "rollback", "recover", "try"]
 
 
 def now() -> datetime:
@@ -73,7 +73,7 @@ class Trial(_Model):
 
 class HistoryEntry(_Model):
     at: datetime
-    event: Literal["install", "commit", "rollback", "recover", "try"]
+    event: HistoryEvent
     slot: SlotName | None = None
     bundle_sha256: str | None = None
     detail: str = ""
@@ -87,7 +87,7 @@ class InstallState(_Model):
     trial: Trial | None = None  # None: nothing installed yet
     history: list[HistoryEntry] = []
 
-    def add(self, event: str, slot: str | None, detail: str = "") -> None:
+    def add(self, event: HistoryEvent, slot: SlotName | None, detail: str = "") -> None:
         record = self.slots.get(slot) if slot else None
         self.history.append(HistoryEntry(at=now(), event=event, slot=slot,
                                          bundle_sha256=record.bundle_sha256 if record else None, detail=detail))

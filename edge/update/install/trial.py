@@ -103,8 +103,10 @@ def pre_start(layout: DeviceLayout) -> int:
             if not on_trial(state, live):
                 return EXIT["done"]
             t = state.trial
+            assert t is not None and live is not None  # on_trial: a trial, of the live slot
             if t.tries_left > 0:
                 st = state.model_copy(deep=True)
+                assert st.trial is not None  # a copy of t
                 st.trial.tries_left -= 1
                 st.add("try", live, f"start {t.tries - t.tries_left + 1} of {t.tries} on trial")
                 save_state(layout, st)
