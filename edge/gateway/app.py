@@ -260,8 +260,15 @@ class Gateway:
     # ------------------------------------------------------------ health, metrics
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 only when the runtime answers ``ready``; 503 (with why) otherwise."""
-        body = await self._upstream(self.pool.control("health", 1.0))
+        """200 only when the runtime answers ``ready``; 503 (with why) otherwise: not ready, not
+        reachable, or no answer within 1 s (a health request in flight when the runtime died)."""
+        try:
+            body = await self._upstream(self.pool.control("health", 1.0))
+        except HttpError as err:
+            if err.status == 503:
+                raise
+            raise HttpError(503, ErrorCode.NOT_READY, f"the runtime did not answer health: {err.message}",
+                            trace_id=err.trace_id) from None
         trace = [body.get("trace_id", "")]
         if not body.get("ready"):
             raise HttpError(503, ErrorCode.NOT_READY, f"the runtime is not ready (state {body.get('state')})",
