@@ -78,8 +78,11 @@ class Gateway:
         got = request.headers.get("Authorization", "")
         scheme, _, token = got.partition(" ")
         assert self.api_key is not None
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key):
-            raise HttpError(401, ErrorCode.INVALID_FIELD, "missing or wrong bearer token (Authorization: Bearer ...)")
+        # aiohttp decodes header bytes that are not UTF-8 as surrogates: encode them back, never raise (a 500)
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8", "surrogateescape"),
+                                                                 self.api_key):
+            raise HttpError(401, ErrorCode.INVALID_FIELD, "missing or wrong bearer token (Authorization: Bearer ...)",
+                            api_code="invalid_api_key")
 
     def error_response(self, err: HttpError, openai: bool) -> web.Response:
         self.metrics.errors[err.code.name] += 1
@@ -88,6 +91,8 @@ class Gateway:
         resp.headers[TRACE_HEADER] = err.trace_id
         if err.retry_after is not None:
             resp.headers["Retry-After"] = str(err.retry_after)
+        if err.status == 401:
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="edge"'  # RFC 6750: the scheme a client should use
         if err.status in (408, 413):
             resp.force_close()  # the rest of the body is not worth reading
         return resp
@@ -255,8 +260,15 @@ class Gateway:
     # ------------------------------------------------------------ health, metrics
 
     async def health(self, request: web.Request) -> web.Response:
-        """200 only when the runtime answers ``ready``; 503 (with why) otherwise."""
-        body = await self._upstream(self.pool.control("health", 1.0))
+        """200 only when the runtime answers ``ready``; 503 (with why) otherwise: not ready, not
+        reachable, or no answer within 1 s (a health request in flight when the runtime died)."""
+        try:
+            body = await self._upstream(self.pool.control("health", 1.0))
+        except HttpError as err:
+            if err.status == 503:
+                raise
+            raise HttpError(503, ErrorCode.NOT_READY, f"the runtime did not answer health: {err.message}",
+                            trace_id=err.trace_id) from None
         trace = [body.get("trace_id", "")]
         if not body.get("ready"):
             raise HttpError(503, ErrorCode.NOT_READY, f"the runtime is not ready (state {body.get('state')})",

@@ -42,13 +42,14 @@ def new_trace_id() -> str:
 
 class HttpError(Exception):
     def __init__(self, status: int, code: ErrorCode, message: str, *, trace_id: str | None = None,
-                 param: str | None = None) -> None:
+                 param: str | None = None, api_code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.trace_id = trace_id or new_trace_id()
         self.param = param
+        self.api_code = api_code  # OpenAI's own ``code`` where the runtime has none (a 401: "invalid_api_key")
 
     @property
     def retry_after(self) -> int | None:
@@ -68,7 +69,7 @@ _OPENAI_TYPE = {400: "invalid_request_error", 401: "invalid_request_error", 404:
 def openai_body(err: HttpError) -> dict:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}`` (plus the trace id)."""
     return {"error": {"message": err.message, "type": _OPENAI_TYPE.get(err.status, "server_error"),
-                      "param": err.param, "code": err.code.name.lower(), "trace_id": err.trace_id}}
+                      "param": err.param, "code": err.api_code or err.code.name.lower(), "trace_id": err.trace_id}}
 
 
 def tei_status(err: HttpError) -> int:

@@ -107,8 +107,12 @@ async def _serve(args, listen, address, curve, api_key, ssl_ctx) -> int:
         return server()
 
     try:
+        # A TLS handshake is bounded like idle headers: asyncio's default (60 s) would let connections that
+        # never send a ClientHello hold file descriptors past --max-connections, which counts only the
+        # connections aiohttp has (after the handshake).
+        tls_bound = {"ssl_handshake_timeout": args.idle_timeout} if ssl_ctx is not None else {}
         srv = await loop.create_server(factory, listen.host, listen.port, ssl=ssl_ctx, backlog=256,
-                                       reuse_address=True)
+                                       reuse_address=True, **tls_bound)
     except OSError as exc:
         await runner.cleanup()
         pool.close()

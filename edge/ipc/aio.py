@@ -26,7 +26,14 @@ import zmq.asyncio
 from edge.ipc import protocol as P
 from edge.ipc.client import raise_for_error
 
-__all__ = ["AsyncEdgePool", "PoolResult", "Unreachable"]
+__all__ = ["AsyncEdgePool", "PoolResult", "Unreachable", "CONNECT_GRACE_S"]
+
+# How long a send that finds no completed connection waits for one before Unreachable (s). Without
+# it, the first requests after the gateway's READY met a connect still under way, and after the
+# runtime restarts, ZeroMQ reconnects only at its next attempt (every 100 ms plus up to 100 ms of
+# jitter): a runtime ready and bound was answered 503 for up to 0.2 s. When the runtime is down,
+# this is what a 503 waits.
+CONNECT_GRACE_S = 0.5
 
 
 class Unreachable(ConnectionError):
@@ -37,6 +44,22 @@ class Unreachable(ConnectionError):
 class PoolResult:
     embeddings: np.ndarray  # (N, D) float32
     meta: dict = field(default_factory=dict)  # the reply body: trace_id, token_counts, ...
+
+
+async def _send(sock: zmq.asyncio.Socket, frames: list, address: str) -> None:
+    """Send now, or once a connection completes within CONNECT_GRACE_S; else Unreachable."""
+    try:
+        await sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        return
+    except zmq.Again:
+        pass
+    if await sock.poll(CONNECT_GRACE_S * 1000, zmq.POLLOUT):  # IMMEDIATE: writable once a connection is complete
+        try:
+            await sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+    raise Unreachable(f"no connection to the runtime at {address}")
 
 
 class _Conn:
@@ -116,10 +139,7 @@ class AsyncEdgePool:
         fut = asyncio.get_running_loop().create_future()
         conn.waiting[rid] = fut
         try:
-            try:
-                await conn.sock.send_multipart(P.encode_request("infer", body), flags=zmq.NOBLOCK)
-            except zmq.Again:
-                raise Unreachable(f"no connection to the runtime at {self.address}") from None
+            await _send(conn.sock, P.encode_request("infer", body), self.address)
             reply = await asyncio.wait_for(fut, deadline_ms / 1000.0 + grace_s)
         finally:
             conn.waiting.pop(rid, None)
@@ -132,10 +152,7 @@ class AsyncEdgePool:
         assert self._control_lock is not None
         async with self._control_lock:
             assert self._control is not None
-            try:
-                await self._control.send_multipart(P.encode_request(mtype, {}), flags=zmq.NOBLOCK)
-            except zmq.Again:
-                raise Unreachable(f"no connection to the runtime at {self.address}") from None
+            await _send(self._control, P.encode_request(mtype, {}), self.address)
             try:
                 frames = await asyncio.wait_for(self._control.recv_multipart(), timeout_s)
             except asyncio.TimeoutError:

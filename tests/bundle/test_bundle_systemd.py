@@ -18,9 +18,8 @@ import shutil
 import subprocess
 import uuid
 
-import pytest
-
 from support.bundles import REPO, bundle_meta, host_nofile, runc_or_skip, supervisor_events
+from support.nspawn import UNITS, nspawn_command, nspawn_or_skip
 from support.supervisor import supervisor_file
 
 # Runs in the nspawn container as probe.service; host python3, stdlib only. argv: unit name.
@@ -79,9 +78,7 @@ def test_unit_and_container_limits_are_in_effect_under_systemd(ort_bundle, tmp_p
     from image.build_bundle import UNIT_DROPIN
 
     runc_or_skip()
-    nspawn = shutil.which("systemd-nspawn")
-    if nspawn is None:
-        pytest.skip("systemd-nspawn is not installed (Debian package systemd-container)")
+    nspawn = nspawn_or_skip()
     unit = f"edge-t{uuid.uuid4().hex[:8]}"
     nsp, out = tmp_path / "nsp", tmp_path / "out"
     nsp.mkdir()
@@ -106,15 +103,10 @@ def test_unit_and_container_limits_are_in_effect_under_systemd(ort_bundle, tmp_p
         f"[Service]\nType=oneshot\nEnvironment=EDGE_BUNDLE={inside}\n"
         f"ExecStart=/usr/bin/python3 /nsp/probe.py {unit}\nExecStartPost=/bin/systemctl poweroff\n")
     key_dir = ort_bundle.resolve().parent  # the bundle, and its socket directory (edge-bundle.json socket_dir)
-    units = "/etc/systemd/system"
-    cmd = [nspawn, "--quiet", "--volatile=yes", "-D", "/", "--register=no", "--keep-unit", "--capability=all",
-           "--system-call-filter=add_key keyctl request_key @mount @privileged @raw-io",
-           "--bind=/sys/fs/cgroup:/sys/fs/cgroup", f"--bind={nsp}:/nsp", f"--bind={out}:/out",
-           f"--bind={key_dir}:{key_dir}",
-           f"--bind-ro={nsp / f'{unit}.service'}:{units}/{unit}.service",
-           f"--bind-ro={nsp / 'dropins'}:{units}/{unit}.service.d",
-           f"--bind-ro={nsp / 'probe.service'}:{units}/probe.service",
-           "-b", "systemd.firstboot=off", "systemd.wants=probe.service"]
+    cmd = nspawn_command(nspawn, nsp, out, [f"--bind={key_dir}:{key_dir}",
+                                            f"--bind-ro={nsp / f'{unit}.service'}:{UNITS}/{unit}.service",
+                                            f"--bind-ro={nsp / 'dropins'}:{UNITS}/{unit}.service.d",
+                                            f"--bind-ro={nsp / 'probe.service'}:{UNITS}/probe.service"])
     try:
         boot = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     finally:

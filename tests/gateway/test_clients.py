@@ -28,7 +28,7 @@ from huggingface_hub.errors import HfHubHTTPError  # a submodule: not an attribu
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 from support.gateway_proc import start_gateway
-from support.runtime_proc import start_runtime
+from support.runtime_proc import runtime_address, start_runtime
 
 # In the test extra, pinned: a missing one is an install error, never a skip.
 pytestmark = pytest.mark.process
@@ -203,6 +203,58 @@ def test_not_ready_is_each_librarys_error(tmp_path):
         assert hf.value.response.status_code == 503
     finally:
         assert gw.stop() == 0, gw.output()
+
+
+def test_a_gateway_up_before_its_runtime_serves_once_the_runtime_is_ready(minilm_package, tmp_path):
+    """The gateway first (as after a boot where it starts before a slow runtime), then the runtime:
+    /health is 503 until the runtime's READY, and the requests right after it are served, not
+    refused while the gateway's connections are still being made (ZeroMQ retries a connect every
+    100-200 ms)."""
+    import urllib.error
+    import urllib.request
+
+    workdir = tmp_path / "rt"
+    gw = start_gateway(tmp_path / "gw", runtime_address(workdir))
+    rt = None
+    try:
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(gw.url + "/health", timeout=10)
+        assert health.value.code == 503
+        rt = start_runtime(workdir, "--package", str(minilm_package), "--engine", "onnxruntime", "--fallback", "off")
+        rt.wait_ready()
+        with urllib.request.urlopen(gw.url + "/health", timeout=10) as r:
+            assert r.status == 200
+        res = openai_client(gw).embeddings.create(model=MODEL, input=TEXTS[:2])
+        assert [len(d.embedding) for d in res.data] == [384, 384]
+    finally:
+        assert gw.stop() == 0, gw.output()
+        if rt is not None:
+            rt.stop()
+
+
+def test_health_is_503_when_the_runtime_does_not_answer(tmp_path):
+    """A peer that takes the health request and never replies (a hung runtime, or one killed with
+    the request in flight): /health is 503 once its 1 s is up, not 504, as for any runtime that is
+    not ready (a load balancer or probe reads only 200 and 503)."""
+    import urllib.error
+    import urllib.request
+
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind(f"ipc://{tmp_path}/silent.sock")
+    gw = start_gateway(tmp_path / "gw", f"ipc://{tmp_path}/silent.sock")
+    try:
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(gw.url + "/health", timeout=10)
+        body = json.loads(health.value.read())
+        assert health.value.code == 503 and body["error_type"] == "Unhealthy", body
+        assert "did not answer" in body["error"] and body["trace_id"] == health.value.headers["X-Trace-Id"], body
+        assert silent.poll(0), "the request never reached the silent peer"
+    finally:
+        assert gw.stop() == 0, gw.output()
+        silent.close(0)
+        ctx.term()
 
 
 def test_health_is_200_once_the_runtime_is_ready(gateway):

@@ -11,13 +11,18 @@ from edge.system.readiness import NotifiedProcess, NotReady
 BOOT_DEADLINE_S = 120.0  # torch import alone takes seconds on this machine
 
 
+def runtime_address(workdir: Path) -> str:
+    """Where the runtime of ``workdir`` binds: known before it starts (a client may come first)."""
+    return f"ipc://{workdir}/run/edge.sock"
+
+
 class Runtime(NotifiedProcess):
     """The runtime bound at ``address`` (an ipc socket in ``workdir``), output in ``workdir/runtime.log``."""
 
     def __init__(self, workdir: Path, args: tuple[str, ...], env: dict | None = None,
                  wrap: list[str] | None = None) -> None:
         self.workdir = workdir
-        self.address = f"ipc://{workdir}/run/edge.sock"
+        self.address = runtime_address(workdir)
         cmd = [*(wrap or []), sys.executable, "-m", "edge.boot", "--bind", self.address,
                "--timeline", str(workdir / "timeline.json"), *args]
         super().__init__(cmd, notify_path=workdir / "notify.sock", log_path=workdir / "runtime.log",

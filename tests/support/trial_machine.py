@@ -1,9 +1,10 @@
 """A device under a real systemd for the trial's tests (docs/update.md).
 
 ``systemd-nspawn`` boots systemd 252 as PID 1 with the host's /usr and a throwaway root (the
-command and its traps are those of tests/bundle/test_bundle_systemd.py). The device's persistent
+command and its traps: tests/support/nspawn.py). The device's persistent
 directories, /etc/edge, /opt/edge, /var/lib/edge and /var/cache/edge, are host directories bound
-in, so they outlive a boot. :func:`power_cut` kills the machine's PID 1 and nspawn: every process
+in, so they outlive a boot. A ``kill_when`` of :meth:`Machine.boot` cuts the power
+(``support.nspawn.power_cut``: the machine's PID 1 and nspawn killed): every process
 dies at once, mid-write (the page cache survives it, since the host kernel keeps running, so a
 cut here loses no written data, unlike a real one; fsync's order is what docs/archive.md argues).
 
@@ -20,34 +21,23 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-
-import pytest
 
 from image.bundle.digest import ENV_NAME, bundle_digest
 from image.bundle.oci_config import STATE_DIR
 from support.bundles import REPO, host_nofile
+from support.nspawn import UNITS, boot_to_poweroff, nspawn_command, nspawn_or_skip
 from support.supervisor import supervisor_file
 
-UNITS = "/etc/systemd/system"
+__all__ = ["Machine", "variant_bundle", "nspawn_or_skip", "SLOW_BOOT", "CRASH"]
+
 # What the scenarios import (``from trial_probe import *``): the probe unit's PYTHONPATH is its directory
 # alone, so nothing else of tests/ is importable in the machine (tests/image, tests/bench there would
 # shadow the image and bench packages that edge-bundle and edge-coldstart import).
 PROBE = REPO / "tests" / "install" / "trial_probe.py"
-
-
-def nspawn_or_skip() -> str:
-    nspawn = shutil.which("systemd-nspawn")
-    if nspawn is None:
-        pytest.skip("systemd-nspawn is not installed (Debian package systemd-container)")
-    if shutil.which("runc") is None or os.geteuid() != 0:
-        pytest.skip("runc as root is needed")
-    return nspawn
 
 
 def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: list[str] | None = None) -> Path:
@@ -87,47 +77,6 @@ def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: lis
 # A runtime that boots late (the boot budget check fails) and one that never boots.
 SLOW_BOOT = ["-c", "import os, sys, time; time.sleep(2.5); os.execv(sys.argv[1], sys.argv[1:])"]
 CRASH = ["-c", "import sys; print('edge test: this runtime fails at once', file=sys.stderr); sys.exit(3)"]
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            tree.setdefault(ppid, []).append(int(name))
-    return tree
-
-
-def power_cut(proc: subprocess.Popen) -> None:
-    """Kill the machine at once: its PID 1 first (the kernel then kills every process of its PID
-    namespace, the runc container's included), then nspawn. Killing nspawn alone is not enough:
-    the container's systemd outlives it, reparented to the host's init, and goes on running."""
-    tree, todo, inits = _children(), [proc.pid], []
-    while todo:
-        pid = todo.pop()
-        for child in tree.get(pid, []):
-            try:
-                comm = Path(f"/proc/{child}/comm").read_text().strip()
-            except OSError:
-                continue
-            (inits.append(child) if comm == "systemd" else todo.append(child))
-    for pid in inits:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while any(os.path.exists(f"/proc/{pid}") for pid in inits) and time.monotonic() < deadline:
-        time.sleep(0.05)  # PID 1's namespace is torn down: its processes are gone, their locks released
 
 
 class Machine:
@@ -198,10 +147,7 @@ class Machine:
                          f"systemctl poweroff'\n")
         shutil.copyfile(scenario, self.nsp / "scenario.py")
         binds.append(f"--bind-ro={probe}:{UNITS}/probe.service")
-        return [self.nspawn, "--quiet", "--volatile=yes", "-D", "/", "--register=no", "--keep-unit",
-                "--capability=all", "--system-call-filter=add_key keyctl request_key @mount @privileged @raw-io",
-                "--bind=/sys/fs/cgroup:/sys/fs/cgroup", f"--bind={self.nsp}:/nsp", f"--bind={self.out}:/out",
-                *binds, "-b", "systemd.firstboot=off", "systemd.wants=probe.service"]
+        return nspawn_command(self.nspawn, self.nsp, self.out, binds)
 
     def boot(self, scenario_text: str, *, timeout_s: float = 300, kill_when=None) -> dict:
         """Boot with ``scenario_text`` as the probe; its result.json. ``kill_when``: a callable
@@ -213,22 +159,13 @@ class Machine:
         result = self.out / "result.json"
         for name in ("result.json", "probe.log", "journal.txt"):
             (self.out / name).unlink(missing_ok=True)
-        log = open(self.work / f"boot-{self.boots}.log", "w")
-        t0 = time.monotonic()
-        proc = subprocess.Popen(self.command(scenario), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            while proc.poll() is None:
-                if time.monotonic() - t0 > timeout_s:
-                    raise AssertionError(f"boot {self.boots} ran over {timeout_s} s: {self.log_tail()}")
-                if kill_when is not None and kill_when():
-                    power_cut(proc)
-                    return {"killed": round(time.monotonic() - t0, 3)}
-                time.sleep(0.01)
+            killed = boot_to_poweroff(self.command(scenario), self.work / f"boot-{self.boots}.log", timeout_s,
+                                      kill_when=kill_when, describe=self.log_tail)
         finally:
-            if proc.poll() is None:
-                power_cut(proc)
-            log.close()
             subprocess.run(["runc", "delete", "--force", self.unit], capture_output=True)
+        if killed is not None:
+            return {"killed": killed}
         assert result.exists(), f"boot {self.boots} left no result: {self.log_tail()}"
         return json.loads(result.read_text())
 
