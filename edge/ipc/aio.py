@@ -53,7 +53,9 @@ async def _send(sock: zmq.asyncio.Socket, frames: list, address: str) -> None:
         return
     except zmq.Again:
         pass
-    if await sock.poll(CONNECT_GRACE_S * 1000, zmq.POLLOUT):  # IMMEDIATE: writable once a connection is complete
+    # IMMEDIATE: writable once a connection is complete. pyzmq types the asyncio socket's poll as
+    # its poller's (no flags); the socket's own poll takes them (zmq/_future.py).
+    if await sock.poll(CONNECT_GRACE_S * 1000, zmq.POLLOUT):  # type: ignore[call-arg]
         try:
             await sock.send_multipart(frames, flags=zmq.NOBLOCK)
             return
