@@ -24,7 +24,7 @@ import zmq
 
 from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
-from support.runtime_proc import start_runtime
+from support.runtime_proc import running_runtime, start_runtime
 
 pytestmark = pytest.mark.process
 
@@ -60,12 +60,8 @@ def example(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def runtime(minilm_package, tmp_path_factory):
-    rt = start_runtime(tmp_path_factory.mktemp("cpp-rt"), "--package", str(minilm_package))
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path_factory.mktemp("cpp-rt"), "--package", str(minilm_package)) as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 def run(example: Path, *args: str, stdin: str | None = None, timeout: float = 120) -> tuple[int, list[dict]]:

@@ -111,14 +111,10 @@ def test_commands_are_killed_at_their_timeout_with_their_children():
 
 @pytest.fixture(scope="module")
 def runtime(minilm_package, tmp_path_factory):
-    from support.runtime_proc import start_runtime
+    from support.runtime_proc import running_runtime
 
-    rt = start_runtime(tmp_path_factory.mktemp("doctor"), "--package", str(minilm_package), "--engine", "onnxruntime")
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path_factory.mktemp("doctor"), "--package", str(minilm_package), "--engine", "onnxruntime") as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 def test_real_runtime_boot_within_the_packages_budget(runtime, minilm_package):

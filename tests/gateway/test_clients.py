@@ -22,13 +22,12 @@ import numpy as np
 import openai
 import pytest
 import zmq
-from huggingface_hub import constants as hub_constants
 from huggingface_hub.errors import HfHubHTTPError  # a submodule: not an attribute until imported
 
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
 from support.gateway_proc import start_gateway
-from support.runtime_proc import runtime_address, start_runtime
+from support.runtime_proc import running_runtime, runtime_address, start_runtime
 
 # In the test extra, pinned: a missing one is an install error, never a skip.
 pytestmark = pytest.mark.process
@@ -39,24 +38,11 @@ MODEL = "all-MiniLM-L6-v2"
 ENGINE_DELAY_MS = 300
 
 
-@pytest.fixture(autouse=True)
-def hub_online(monkeypatch):
-    """huggingface_hub reads HF_HUB_OFFLINE once, at import, and then refuses every URL, a local
-    gateway's too. The reference fixtures of other test modules set it (they must never reach the
-    Hub), so whether it is set here depends on which test ran first: clear it for these tests.
-    An app that runs with HF_HUB_OFFLINE=1 meets the same refusal (docs/gateway.md)."""
-    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
-
-
 @pytest.fixture(scope="module")
 def runtime(minilm_package, tmp_path_factory):
-    rt = start_runtime(tmp_path_factory.mktemp("gw-rt"), "--package", str(minilm_package), "--engine",
-                       "onnxruntime", "--fallback", "off", "--fault-engine-delay-ms", str(ENGINE_DELAY_MS))
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path_factory.mktemp("gw-rt"), "--package", str(minilm_package), "--engine",
+                       "onnxruntime", "--fallback", "off", "--fault-engine-delay-ms", str(ENGINE_DELAY_MS)) as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from huggingface_hub.utils import _http as hub_http
 
 from edge.ipc.client import EdgeClient
 from support.gateway_proc import exposed_host, start_gateway
-from support.runtime_proc import start_runtime
+from support.runtime_proc import running_runtime
 
 pytestmark = pytest.mark.process
 
@@ -47,21 +47,11 @@ IDLE_S = 1.0  # --idle-timeout of the TLS gateways: a silent handshake is closed
 HOST = exposed_host() or "127.0.0.1"
 
 
-@pytest.fixture(autouse=True)
-def hub_online(monkeypatch):
-    """huggingface_hub refuses every URL once HF_HUB_OFFLINE was set at its import (test_clients.py)."""
-    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
-
-
 @pytest.fixture(scope="module")
 def runtime(minilm_package, tmp_path_factory):
-    rt = start_runtime(tmp_path_factory.mktemp("exposed-rt"), "--package", str(minilm_package), "--engine",
-                       "onnxruntime", "--fallback", "off")
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path_factory.mktemp("exposed-rt"), "--package", str(minilm_package), "--engine",
+                       "onnxruntime", "--fallback", "off") as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 @pytest.fixture(scope="module")

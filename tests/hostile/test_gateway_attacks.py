@@ -15,7 +15,7 @@ import pytest
 
 from edge.ipc.client import EdgeClient
 from support.gateway_proc import start_gateway
-from support.runtime_proc import start_runtime
+from support.runtime_proc import running_runtime
 
 BODY_TIMEOUT_S = 1.0
 IDLE_TIMEOUT_S = 2.0
@@ -25,13 +25,9 @@ MAX_BODY = 1 << 20
 
 @pytest.fixture(scope="module")
 def runtime(minilm_package, tmp_path_factory):
-    rt = start_runtime(tmp_path_factory.mktemp("gwh-rt"), "--package", str(minilm_package), "--engine",
-                       "onnxruntime", "--fallback", "off")
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path_factory.mktemp("gwh-rt"), "--package", str(minilm_package), "--engine",
+                       "onnxruntime", "--fallback", "off") as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 
 from edge.errors import ErrorCode
 from edge.ipc.client import EdgeClient
-from support.runtime_proc import start_runtime
+from support.runtime_proc import running_runtime
 
 FLOODERS = 4  # connections
 IN_FLIGHT = 16  # requests each keeps in flight
@@ -89,12 +89,8 @@ def _summary(samples: list[float]) -> str:
 
 @pytest.fixture
 def runtime(minilm_package, tmp_path):
-    rt = start_runtime(tmp_path, "--package", str(minilm_package))
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path, "--package", str(minilm_package)) as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 def test_a_priority_0_flood_starves_no_one_and_is_told_it_is_overloaded(runtime):

@@ -18,7 +18,7 @@ from conftest import proc_status
 from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.client import EdgeClient
-from support.runtime_proc import start_runtime
+from support.runtime_proc import running_runtime
 
 MAX_TEXT_BYTES = P.Limits().max_text_bytes
 MAX_TEXTS = P.Limits().max_texts
@@ -37,12 +37,8 @@ def random_words_text(rng: random.Random, nbytes: int = MAX_TEXT_BYTES, word: in
 
 @pytest.fixture(scope="module")
 def runtime(minilm_package, tmp_path_factory):
-    rt = start_runtime(tmp_path_factory.mktemp("attacks"), "--package", str(minilm_package))
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path_factory.mktemp("attacks"), "--package", str(minilm_package)) as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 def _still_serves(rt) -> None:

@@ -43,24 +43,37 @@ def address() -> str:
         return json.load(f)["address"]
 
 
+def _live_digest() -> str | None:
+    """The bundle digest of the slot `edge-bundle status` calls live (None: no such record)."""
+    report = status()
+    record = (report.get("slots") or {}).get(report.get("live")) or {}
+    return record.get("bundle_sha256")
+
+
 def serving(timeout_s: float = 60.0) -> dict:
-    """Wait until the runtime answers ready; the bundle digest its lineage reports."""
+    """Wait until the runtime answers ready from the bundle status calls live; the digest its
+    lineage reports. A rollback or switch writes the state first and queues the unit's restart
+    after, so for a moment the runtime still serving is the one before: wait that out, on the
+    runtime's own answer, instead of taking it (or, when the restart never comes, return it)."""
     from edge.ipc.client import EdgeClient
 
     deadline = time.monotonic() + timeout_s
-    last = None
+    last, digest = None, None
     while time.monotonic() < deadline:
         client = EdgeClient(address(), timeout_s=1.0)
         try:
             if client.health(timeout_s=1.0).get("ready"):
-                return {"bundle_sha256": client.stats(timeout_s=5.0)["lineage"]["bundle_sha256"],
-                        "waited_s": round(timeout_s - (deadline - time.monotonic()), 3)}
+                digest = client.stats(timeout_s=5.0)["lineage"]["bundle_sha256"]
+                live = _live_digest()
+                if live is None or digest == live:
+                    return {"bundle_sha256": digest, "waited_s": round(timeout_s - (deadline - time.monotonic()), 3)}
+                last = f"serving {digest[:12]} while the live slot holds {live[:12]}"
         except Exception as exc:  # noqa: BLE001 - not up yet: the socket, a timeout
             last = repr(exc)
         finally:
             client.close()
         time.sleep(0.1)
-    return {"bundle_sha256": None, "error": last}
+    return {"bundle_sha256": digest, "error": last}
 
 
 def wait_for(predicate, timeout_s: float, step_s: float = 0.2):

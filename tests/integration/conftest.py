@@ -6,17 +6,13 @@ import os
 
 import pytest
 
-from support.runtime_proc import start_runtime
+from support.runtime_proc import running_runtime
 
 
 @pytest.fixture(scope="module")
 def ort_runtime(minilm_package, tmp_path_factory):
-    rt = start_runtime(tmp_path_factory.mktemp("ort"), "--package", str(minilm_package), "--engine", "onnxruntime")
-    try:
-        rt.wait_ready()
+    with running_runtime(tmp_path_factory.mktemp("ort"), "--package", str(minilm_package), "--engine", "onnxruntime") as rt:
         yield rt
-    finally:
-        rt.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """A machine under a real systemd: ``systemd-nspawn`` boots systemd 252 as PID 1 with the host's
-/usr and a throwaway root (/work/shared/LAB.md, "A real systemd, here").
+/usr and a throwaway root (a volatile root over the host's /usr; the recipe was worked out on this
+project's lab machines).
 
 One copy of the command and its traps, for every test that boots one (tests/bundle/
 test_bundle_systemd.py, tests/support/trial_machine.py, tests/gateway/test_gateway_systemd.py):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from edge.system.readiness import NotifiedProcess, NotReady
@@ -44,3 +46,14 @@ def start_runtime(workdir: Path, *args: str, env: dict | None = None, wrap: list
     command that execs the runtime (e.g. ``prlimit --nofile=1024:8192 --``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     return Runtime(workdir, args, env, wrap)
+
+
+@contextmanager
+def running_runtime(workdir: Path, *args: str, env: dict | None = None) -> Iterator[Runtime]:
+    """A runtime started and READY for the block, stopped after it: a module fixture's whole life."""
+    rt = start_runtime(workdir, *args, env=env)
+    try:
+        rt.wait_ready()
+        yield rt
+    finally:
+        rt.stop()
