@@ -85,7 +85,19 @@ def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: lis
 
 
 # A runtime that boots late (the boot budget check fails) and one that never boots.
-SLOW_BOOT = ["-c", "import os, sys, time; time.sleep(2.5); os.execv(sys.argv[1], sys.argv[1:])"]
+def slow_boot(seconds: float) -> list[str]:
+    """A wrap that sleeps ``seconds`` before the runtime's exec: its exec_to_ready counts them (one process)."""
+    return ["-c", f"import os, sys, time; time.sleep({seconds:.3f}); os.execv(sys.argv[1], sys.argv[1:])"]
+
+
+def fresh_budget_s(bundle: Path) -> float:
+    """The fresh start's budget (s) of ``bundle``'s engine, from its package's manifest (image/fresh_boot.py):
+    a start where no snapshot can be taken, as in these machines (EDGE_SNAPSHOT=off), is held to it."""
+    meta = json.loads((bundle / "edge-bundle.json").read_text())
+    manifest = json.loads((bundle / "rootfs/opt/edge/package/manifest.json").read_text())
+    return manifest["selftest"]["fresh_boot_budget_ms"][meta["engine"]] / 1000.0
+
+
 CRASH = ["-c", "import sys; print('edge test: this runtime fails at once', file=sys.stderr); sys.exit(3)"]
 
 
