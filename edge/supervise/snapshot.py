@@ -5,6 +5,7 @@ apply too."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -27,6 +28,20 @@ from edge.system.snapshot_rules import (CRIU_CONF, CRIU_CONF_OK, MARKER, RESUME,
 RESTORE_READY_TIMEOUT_S = 30.0
 SNAPSHOT_POINT_TIMEOUT_S = 120.0  # the snapshot container's boot to its snapshot point
 RESTORE_PROBE_EVERY_S = 0.02  # a refused connect costs microseconds; ready is seen within 20 ms
+MIN_CRIU = (4, 1)  # Debian bookworm's 3.17 fails on this kernel ("Unexpected rt vDSO area bounds", CRIU 2532)
+
+
+def criu_problem(criu):
+    """Why ``criu`` cannot take the snapshot (None: it can): absent, or older than 4.1."""
+    if criu is None:
+        return "no criu on PATH (a snapshot needs CRIU >= 4.1)"
+    version = tool_version([criu, "--version"])
+    found = re.search(r"Version:\s*(\d+)\.(\d+)", version)
+    if found is None:
+        return f"{criu} --version says {version!r}, not a CRIU version"
+    if tuple(int(x) for x in found.groups()) < MIN_CRIU:
+        return f"{criu} is CRIU {found.group(1)}.{found.group(2)}; a snapshot needs CRIU >= 4.1"
+    return None
 
 
 def snapshot_config(bundle, config):
@@ -177,16 +192,25 @@ class SnapshotTaker(threading.Thread):
         self.record.stamp("snapshot_done", **outcome)  # after the cleanup: the machine is quiet again
 
 
-def take_snapshot(bundle, run_bundle, meta, runc, env, cid, aborted):
+def take_snapshot(bundle, run_bundle, meta, runc, env, cid, aborted, *, socket_dir=None, cpu_shares=None,
+                  taken_by="edge-supervise"):
     """Run the bundle (its runtime config ``run_bundle``) as container ``cid`` to its snapshot point,
     ``runc checkpoint`` it into ``<snapshot dir>.new`` and rename that into the bundle's snapshot
     directory (``snapshot_dir``); its snapshot.json record. ``aborted`` (an Event) set: stop.
     Raises RuntimeError saying why it could not; the caller deletes the container and the
-    staging directory."""
+    staging directory.
+
+    ``socket_dir``: a host directory of the runtime's user bound at the container's socket
+    directory instead of the bundle's, for the checkpoint only (the marker is written there; the
+    runtime binds nothing before its snapshot point): the snapshot's own config.json names the
+    bundle's, and runc's restore maps an external bind mount by its destination to the source
+    its config names. ``cpu_shares``: the checkpointed container's cgroup weight (cgroup v1
+    cpu.shares; runc writes v2's cpu.weight from it); a restore gets the bundle's own."""
     snap = snapshot_dir(bundle)
     staging = snap + ".new"
-    if shutil.which("criu") is None:
-        raise RuntimeError("no criu on PATH (runc checkpoint needs CRIU >= 4.1)")
+    why = criu_problem(shutil.which("criu"))  # the one runc runs: the first on PATH
+    if why is not None:
+        raise RuntimeError(why)
     make_parents(snap)
     shutil.rmtree(staging, ignore_errors=True)
     images = os.path.join(staging, "images")
@@ -198,15 +222,27 @@ def take_snapshot(bundle, run_bundle, meta, runc, env, cid, aborted):
     blocked = unreachable_in_userns(config)
     if blocked:
         raise RuntimeError(f"it could not be restored: {blocked}")
-    checkpoint_config = config
+    checkpoint_config = json.loads(json.dumps(config))
+    if socket_dir is not None:
+        inside = meta.get("container_socket_dir", "/run/edge")
+        mounts = [m for m in checkpoint_config["mounts"] if m.get("type") == "bind" and m["destination"] == inside]
+        if not mounts:
+            raise RuntimeError(f"the bundle binds no socket directory at {inside}")
+        for m in mounts:
+            m["source"] = socket_dir
+        blocked = unreachable_in_userns(checkpoint_config)
+        if blocked:
+            raise RuntimeError(f"it could not be checkpointed: {blocked}")
+    if cpu_shares is not None:
+        checkpoint_config["linux"].setdefault("resources", {})["cpu"] = {"shares": int(cpu_shares)}
     if CRIU_CONF_OK in tool_version([shutil.which("criu") or "criu", "--version"]):  # as edge-bundle snapshot
         conf = os.path.join(staging, "criu.conf")
         with open(conf, "w") as f:
             f.write(site_criu_conf() + CRIU_CONF)
-        checkpoint_config = {**config, "annotations": {**config.get("annotations", {}), "org.criu.config": conf}}
+        checkpoint_config["annotations"] = {**checkpoint_config.get("annotations", {}), "org.criu.config": conf}
     with open(os.path.join(staging, "config.json"), "w") as f:
         json.dump(checkpoint_config, f, indent=1)
-    marker = os.path.join(meta["socket_dir"], MARKER)
+    marker = os.path.join(socket_dir or meta["socket_dir"], MARKER)
     try:
         os.unlink(marker)
     except FileNotFoundError:
@@ -255,7 +291,7 @@ def take_snapshot(bundle, run_bundle, meta, runc, env, cid, aborted):
     record = {"format": SNAPSHOT_FORMAT, "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "dependencies": dependencies(bundle, meta, runc, shutil.which("criu") or "criu"),
               "images": sizes, "image_bytes": sum(sizes.values()), "snapshot_point_s": round(point_s, 3),
-              "checkpoint_s": round(checkpoint_s, 3), "taken_by": "edge-supervise",
+              "checkpoint_s": round(checkpoint_s, 3), "taken_by": taken_by,
               "runtime": {"pid": point.get("pid"), "files": point.get("files", [])}}
     with open(os.path.join(staging, "snapshot.json"), "w") as f:
         f.write(json.dumps(record, indent=1) + "\n")

@@ -102,7 +102,9 @@ finish()
     assert r["after"]["bundle_sha256"] == device_archives["digest"]["v2"]
     assert tree_digest(m.root / "opt/edge/slots/a") == slot_a  # the old slot, kept for a rollback
     events = [h["event"] for h in r["status"]["history"]]
-    assert events[-3:] == ["install", "try", "commit"], events
+    assert events[-4:] == ["install", "snapshot", "try", "commit"], events
+    # this machine's unit runs EDGE_SNAPSHOT=off: the install takes none, and says so
+    assert "--snapshot off" in r["status"]["slots"]["b"]["snapshot"]["detail"], r["status"]["slots"]["b"]
     gap = r["gap"]["max_gap_s"]
     with capsys.disabled():
         print(f"\n[update] install {r['install']['seconds']:.2f} s (verify, unpack, switch, restart to READY); "

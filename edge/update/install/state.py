@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from edge.update.install.fsio import atomic_write
 from edge.update.install.layout import DeviceLayout
 
-__all__ = ["STATE_FORMAT", "TRIAL_TRIES", "HISTORY_LIMIT", "SlotName", "TrialStatus", "SlotRecord", "Trial",
+__all__ = ["STATE_FORMAT", "TRIAL_TRIES", "HISTORY_LIMIT", "SlotName", "TrialStatus", "SnapshotNote", "SlotRecord", "Trial",
            "HistoryEntry", "InstallState", "StateError", "load_state", "save_state", "now"]
 
 STATE_FORMAT = 1
@@ -48,6 +48,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SnapshotNote(_Model):
+    """The snapshot the install took of the slot's bundle before the switch (staging.py), or why none."""
+
+    taken: bool  # the bundle had a restorable snapshot when current was switched to it
+    detail: str  # how long it took, or why it could not be taken (no CRIU >= 4.1, the kernel, --snapshot off)
+    at: datetime
+
+
 class SlotRecord(_Model):
     """What a slot holds, copied from its signed manifest when it was filled."""
 
@@ -60,6 +68,7 @@ class SlotRecord(_Model):
     archive: str  # the file it was installed from (its name; "" when rebuilt from the slot)
     installed: datetime
     unpacked_bytes: int = Field(ge=0)  # bytes
+    snapshot: SnapshotNote | None = None  # None: not tried (--no-snapshot, a state rebuilt from the slots, older installers)
 
 
 class Trial(_Model):
@@ -73,7 +82,7 @@ class Trial(_Model):
 
 class HistoryEntry(_Model):
     at: datetime
-    event: Literal["install", "commit", "rollback", "recover", "try"]
+    event: Literal["install", "snapshot", "commit", "rollback", "recover", "try"]
     slot: SlotName | None = None
     bundle_sha256: str | None = None
     detail: str = ""
