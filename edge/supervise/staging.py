@@ -10,11 +10,12 @@ user namespace it may not change a mount's locked atime flags: "Can't bind remou
 Operation not permitted" under nspawn with the staging directory on another file system), and
 the runtime binds no socket before its snapshot point anyway. The container runs with the least
 CPU weight (:data:`STAGING_SHARES`): against its siblings in the cgroup tree (on this host the
-live runtime's container, both below the root of the cpu hierarchy) it gets the CPU last. Then ``runc checkpoint`` writes the
-images into the bundle's snapshot directory (``snapshot_dir``: ``/var/cache/edge/<bundle_sha256>/
-snapshot`` for a slot's bundle), with the config.json a start restores: the bundle's own socket
-directory, its own CPU weight. The unit's next start (edge-supervise, ``_start_restored``) checks
-it against the same dependencies and restores it.
+live runtime's container, both below the root of the cpu hierarchy) it gets the CPU last.
+
+Then ``runc checkpoint`` writes the images into the bundle's snapshot directory (``snapshot_dir``:
+``/var/cache/edge/<bundle_sha256>/snapshot`` for a slot's bundle), with the config.json a start
+restores: the bundle's own socket directory, its own CPU weight. The unit's next start
+(edge-supervise, ``_start_restored``) checks it against the same dependencies and restores it.
 
 One JSON line on stdout, event ``supervise.staged``: ``taken`` (true or false), ``reused`` (a
 valid snapshot was there already), ``error`` (why not), the seconds of the boot to the snapshot
@@ -66,7 +67,8 @@ def stage(args):
     try:
         run_bundle = runtime_bundle(bundle, meta, work, nofile_cap(bundle, args.nofile_limit))
         try:
-            stale = check_snapshot(snap, dependencies(bundle, meta, args.runc, criu)) or nofile_differs(snap, run_bundle)
+            stale = (check_snapshot(snap, dependencies(bundle, meta, args.runc, criu))
+                     or nofile_differs(snap, run_bundle))
         except OSError as exc:
             stale = f"{exc}"
         if stale is None:
@@ -78,7 +80,8 @@ def stage(args):
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
         try:
             record = take_snapshot(bundle, run_bundle, meta, args.runc, env, args.id, threading.Event(),
-                                   socket_dir=run_dir, cpu_shares=STAGING_SHARES, taken_by="edge-supervise --stage-snapshot")
+                                   socket_dir=run_dir, cpu_shares=STAGING_SHARES,
+                                   taken_by="edge-supervise --stage-snapshot")
         except Exception as exc:  # the install goes on without it: say why
             return _result(taken=False, error=f"{exc}"[-2000:], path=snap, seconds=round(time.monotonic() - t0, 3))
         return _result(taken=True, reused=False, path=snap, seconds=round(time.monotonic() - t0, 3),
