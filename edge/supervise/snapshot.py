@@ -192,6 +192,10 @@ class SnapshotTaker(threading.Thread):
         self.record.stamp("snapshot_done", **outcome)  # after the cleanup: the machine is quiet again
 
 
+def _nice_0():
+    os.setpriority(os.PRIO_PROCESS, 0, 0)  # root: CAP_SYS_NICE may lower the nice value again
+
+
 def take_snapshot(bundle, run_bundle, meta, runc, env, cid, aborted, *, socket_dir=None, cpu_shares=None,
                   taken_by="edge-supervise"):
     """Run the bundle (its runtime config ``run_bundle``) as container ``cid`` to its snapshot point,
@@ -250,8 +254,11 @@ def take_snapshot(bundle, run_bundle, meta, runc, env, cid, aborted, *, socket_d
     since_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - 10**9  # mtime is a coarse clock
     t0 = time.monotonic()
     run_runc(["delete", "--force", cid], runc)
+    # The container's nice level is its own, whatever ours (a staging run's is 19): CRIU records it,
+    # and a restored runtime would keep it. Its share of the CPU is its cgroup's (cpu_shares).
     proc = subprocess.Popen([runc, "run", "-d", "--bundle", staging, cid], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_nice_0 if os.getpriority(os.PRIO_PROCESS, 0) != 0 else None)
     output = Output(proc.stdout, forward=False)  # a second boot's log would only confuse the journal
     try:
         status = proc.wait(60)

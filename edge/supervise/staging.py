@@ -10,7 +10,9 @@ user namespace it may not change a mount's locked atime flags: "Can't bind remou
 Operation not permitted" under nspawn with the staging directory on another file system), and
 the runtime binds no socket before its snapshot point anyway. The container runs with the least
 CPU weight (:data:`STAGING_SHARES`): against its siblings in the cgroup tree (on this host the
-live runtime's container, both below the root of the cpu hierarchy) it gets the CPU last.
+live runtime's container, both below the root of the cpu hierarchy) it gets the CPU last. The
+rest, this process, runc and CRIU's dump, runs at nice 19 (:data:`STAGING_NICE`); the container
+does not (CRIU would record its nice level, and a restored runtime keep it).
 
 Then ``runc checkpoint`` writes the images into the bundle's snapshot directory (``snapshot_dir``:
 ``/var/cache/edge/<bundle_sha256>/snapshot`` for a slot's bundle), with the config.json a start
@@ -37,6 +39,9 @@ from edge.system.snapshot_rules import METADATA, check_snapshot, dependencies, s
 from edge.system.socket_dir import prepare_socket_dir
 
 STAGING_SHARES = 2  # cgroup v1 cpu.shares of the staging container, the least (v2: cpu.weight 1); default 1024
+# The nice level of this process and what it runs but the container (runc, CRIU's dump, the cleanup):
+# they are not in the container's cgroup, and the live runtime's replies go first.
+STAGING_NICE = 19
 
 
 def staging_socket_dir(meta, cid):
@@ -54,6 +59,7 @@ def _result(**fields):
 def stage(args):
     """Take the snapshot of ``args.bundle`` in container ``args.id``; 0 when the bundle has one."""
     t0 = time.monotonic()
+    os.setpriority(os.PRIO_PROCESS, 0, STAGING_NICE)
     bundle = os.path.abspath(args.bundle)
     with open(os.path.join(bundle, METADATA)) as f:
         meta = json.load(f)

@@ -34,15 +34,18 @@ START_RECORD = "/run/edge-supervise/start.json"  # the live unit's (edge/supervi
 class Staged:
     """What became of the snapshot before the switch."""
 
-    def __init__(self, taken: bool, detail: str, seconds: float = 0.0, record: dict | None = None) -> None:
+    def __init__(self, taken: bool, detail: str, seconds: float = 0.0, record: dict | None = None,
+                 began: float | None = None) -> None:
         self.taken = taken
         self.detail = detail  # one clause for a person: taken how, or why not
         self.seconds = seconds  # the whole staging, boot and checkpoint (s)
         self.record = record or {}  # edge-supervise's supervise.staged line
+        self.began = began  # CLOCK_MONOTONIC when it began (s): to line it up with other clocks of this boot
 
     def as_dict(self) -> dict:
         keep = ("reused", "snapshot_point_s", "checkpoint_s", "image_bytes", "path", "cpu_shares")
-        return {"taken": self.taken, "detail": self.detail, "seconds": round(self.seconds, 3),
+        began = {} if self.began is None else {"monotonic_s": [round(self.began, 3), round(self.began + self.seconds, 3)]}
+        return {"taken": self.taken, "detail": self.detail, "seconds": round(self.seconds, 3), **began,
                 **{k: self.record[k] for k in keep if k in self.record}}
 
 
@@ -109,14 +112,14 @@ def stage_snapshot(layout: DeviceLayout, slot: str, unit: str, address: str | No
     record, why = _run(cmd)
     seconds = time.monotonic() - t0
     if record is None:
-        return Staged(False, why, seconds)
+        return Staged(False, why, seconds, began=t0)
     if not record.get("taken"):
-        return Staged(False, f"the snapshot could not be taken: {record.get('error', '?')}", seconds, record)
+        return Staged(False, f"the snapshot could not be taken: {record.get('error', '?')}", seconds, record, t0)
     if record.get("reused"):
-        return Staged(True, f"a valid snapshot was there already ({record.get('path')})", seconds, record)
+        return Staged(True, f"a valid snapshot was there already ({record.get('path')})", seconds, record, t0)
     return Staged(True, f"taken before the switch: boot to the snapshot point {record.get('snapshot_point_s', 0):.2f} s, "
                         f"checkpoint {record.get('checkpoint_s', 0):.2f} s, {record.get('image_bytes', 0) / 2**20:.0f} MiB",
-                  seconds, record)
+                  seconds, record, t0)
 
 
 def journal(message: str, warning: bool = False) -> None:
