@@ -324,7 +324,9 @@ def check_boot_budget(stats: dict, manifest, budget_ms: float | None, *, fresh_b
     start = timeline.get("start", "fresh")  # "restored": counted from the snapshot's restore
     measured.update(exec_to_ready_ms=ready_ms, start=start, pid=timeline.get("pid"), judged=start)
     if start == "restored":
-        budget, source, name, why = restored_budget, restored_source, "budget", None
+        budget, source, name = restored_budget, restored_source, "budget"
+        why = "a restored start" + (f"; {fresh_source} fresh-start budget for {engine}: {fresh_budget:.0f} ms"
+                                    if fresh_named else "")
         measured["snapshot_possible"] = True
     else:
         verdict = snapshots or snapshot_verdict(address, start_record)
@@ -346,7 +348,7 @@ def check_boot_budget(stats: dict, manifest, budget_ms: float | None, *, fresh_b
     what = "exec to ready" if start == "fresh" else f"{start} start to ready"
     of = f" for {engine}" if name == "fresh-start budget" and source == "the package's" and engine else ""
     detail = f"{what} {ready_ms:.0f} ms {'within' if ok else 'over'} {source} {name} of {budget:.0f} ms{of}"
-    return Check("boot_budget", ok, detail + (f" ({why})" if why else " (a restored start)"), measured)
+    return Check("boot_budget", ok, f"{detail} ({why})", measured)
 
 
 def run_checks(client, address: str, package: str | None, package_source: str, timeout_s: float, *,
