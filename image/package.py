@@ -11,7 +11,9 @@ Writes, into DIR (see docs/architecture.md for the layout and the manifest):
 * ``tokenizer.fb``: the compiled (optionally pruned) tokenizer;
 * ``manifest.json``, with the self-test reference (``selftest``): :data:`SELFTEST_TEXT` and its
   embedding by this package's own ONNX Runtime engine, which ``edge selftest`` compares a
-  running server's answer with (docs/selftest.md).
+  running server's answer with, and the fresh start's budget of each engine, measured by fresh
+  boots of the finished package (``fresh_boot_budget_ms``, image/fresh_boot.py; docs/selftest.md);
+* ``fresh_boot.json``: those boots' figures, beside the manifest (in no hash, in no bundle).
 
 ``quantize="int8"`` writes the int8 package instead (no TorchScript files; ``quantization`` in
 the manifest), and ``fallback`` names what serves when this package cannot (``fallback`` in the
@@ -19,7 +21,9 @@ manifest, a fallback package copied into ``fallback/``): both in ``image/quantiz
 
 Offline only: the source is the installed distribution's files, never a model hub.
 The build is deterministic (two builds give byte-identical files); the manifest's
-``nondeterministic`` lists any file for which that is known not to hold, with the reason.
+``nondeterministic`` lists any file for which that is known not to hold, with the reason. The
+one measured input, the fresh boots' budget, lands on a coarse ladder (image/fresh_boot.py) and
+can be pinned (``fresh_boot_budget_ms``), as ``--check-determinism`` pins its second build.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ from edge.preload.manifest import (
     sha256_file,
 )
 from edge.preload.serving_settings import ServingSettings
+from image.fresh_boot import REPORT_FILE as FRESH_BOOT_REPORT
+from image.fresh_boot import fresh_boot_budgets
 
 __all__ = ["build_package", "source_dir", "write_safetensors", "BUILDER_VERSION", "SELFTEST_TEXT"]
 
@@ -203,6 +209,11 @@ class BuildSteps:
         sys.stderr.write(f"edge-package: [{self.done}/{self.total}] {what} ({time.monotonic() - self.t0:.1f} s)\n")
         sys.stderr.flush()
 
+    def note(self, what: str) -> None:
+        """A line within the current step."""
+        sys.stderr.write(f"edge-package:        {what}\n")
+        sys.stderr.flush()
+
 
 def _warm_sample_ids(tokenizer_file: Path, max_tokens: int) -> list[int]:
     """The warm-up text's ids from the package's own tokenizer, as the device would encode it."""
@@ -255,6 +266,7 @@ def build_package(
     tokenizer: bool = True,
     quantize: str | None = None,
     fallback: dict | None = None,
+    fresh_boot_budget_ms: dict[str, float] | None = None,
 ) -> Path:
     """Export the model into package directory ``out``; return its path.
 
@@ -267,6 +279,8 @@ def build_package(
 
     ``quantize``: None, or "int8" (:mod:`image.quantize`; needs the tokenizer). ``fallback``: None, or
     :func:`image.quantize.fallback_request`'s record (raises ``FallbackMismatch`` when it cannot stand in).
+    ``fresh_boot_budget_ms``: ``{engine: ms}`` pinned instead of measured (image/fresh_boot.py);
+    the engines it leaves out are measured.
     """
     import torch
 
@@ -275,7 +289,7 @@ def build_package(
 
     if quantize not in (None, *q.QUANTIZE_CHOICES) or (quantize and not tokenizer):
         raise ValueError(f"quantize must be None or one of {q.QUANTIZE_CHOICES} (with the tokenizer), not {quantize!r}")
-    progress = BuildSteps(7 + bool(quantize) + bool(fallback))
+    progress = BuildSteps(7 + bool(quantize) + bool(fallback) + bool(tokenizer))
     progress.step("reading the source model")
     torch.manual_seed(0)
     src = Path(source) if source else source_dir()
@@ -374,9 +388,15 @@ def build_package(
             data["selftest"] = _selftest_reference(stage, data)
         if quantize:  # the figures: deterministic ones in the manifest, the timings beside it
             data["quantization"], timings = q.measure(stage, data)
-        data["package_sha256"] = manifest_digest(data)
-        Manifest.model_validate(data)  # the reader's schema, so a bad build fails here, not on the device
-        (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+        _write_manifest(stage, data)
+        if fb is not None:  # the package is complete: its own fresh boots give the fresh budget
+            engines = sorted(data["engines"])
+            progress.step(f"measuring fresh boots of {', '.join(engines)} (selftest.fresh_boot_budget_ms)")
+            budgets, report = fresh_boot_budgets(stage, engines, data["selftest"]["boot_budget_ms"],
+                                                 pinned=fresh_boot_budget_ms, say=progress.note)
+            data["selftest"]["fresh_boot_budget_ms"] = budgets
+            _write_manifest(stage, data)
+            (stage / FRESH_BOOT_REPORT).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         if quantize:
             (stage / q.REPORT_FILE).write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
         stage.chmod(0o755)  # mkdtemp made it private; the runtime user only needs to read
@@ -398,6 +418,14 @@ def build_package(
     return out
 
 
+def _write_manifest(stage: Path, data: dict) -> None:
+    """``data`` with its digest, checked by the reader's schema (a bad build fails here, not on the
+    device), as ``stage/manifest.json``."""
+    data["package_sha256"] = manifest_digest(data)
+    Manifest.model_validate(data)
+    (stage / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
 def _json_default(obj):
     if isinstance(obj, (np.integer,)):
         return int(obj)
@@ -410,12 +438,13 @@ def _json_default(obj):
 
 def compare_builds(a: Path, b: Path) -> dict[str, str]:
     """Files whose bytes differ between two package directories (a fallback package's too, as
-    ``fallback/NAME``): name -> short reason. The int8 build's timing report is no part of the
-    package's identity (it is in no hash) and is not compared."""
+    ``fallback/NAME``): name -> short reason. The int8 build's timing report and the fresh boots'
+    figures are no part of the package's identity (they are in no hash) and are not compared."""
     from image.quantize import REPORT_FILE
 
     def names(root: Path) -> set[str]:
-        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != REPORT_FILE}
+        return {str(p.relative_to(root)) for p in root.rglob("*")
+                if p.is_file() and p.name not in (REPORT_FILE, FRESH_BOOT_REPORT)}
 
     diff = {}
     for name in sorted(names(a) | names(b)):

@@ -20,6 +20,7 @@ from edge.preload.fallback import FALLBACK_DEVICES, FALLBACK_ENGINES
 from edge.preload.manifest import MANIFEST_NAME
 from image.bundle.progress import stop_signals
 from image.cli_checks import writable_dir_problem
+from image.fresh_boot import REPORT_FILE as FRESH_BOOT_REPORT
 from image.package import BuildSteps, build_package, compare_builds
 from image.quantize import QUANTIZE_CHOICES, REPORT_FILE, FallbackMismatch, fallback_problem, fallback_request
 
@@ -27,7 +28,8 @@ __all__ = ["main", "EXIT_CODES"]
 
 
 EXIT_CODES = {
-    0: "the package was built (with --check-determinism: and a second build matched it byte for byte)",
+    0: "the package was built (with --check-determinism: and a second build, its fresh-boot budgets pinned to the "
+       "first's, matched it byte for byte)",
     1: "--check-determinism: the second build differs (the files are listed)",
     2: "usage error, or unusable input: --out cannot be written or holds something else, "
        "a --prune-corpus file cannot be read, the --fallback-* options name a fallback that cannot stand in "
@@ -46,6 +48,10 @@ _QUANTIZE_HELP = (
     "int8: quantize the ONNX Runtime model's weights to int8 (onnxruntime.quantization, dynamic) and measure it "
     "against the full model on the parity texts (manifest: quantization; timings in quantization.json). The "
     "package carries the onnxruntime engine only; the build fails if its worst cosine is under 0.99")
+_FRESH_HELP = (
+    "the fresh start's budget of ENGINE in ms (manifest: selftest.fresh_boot_budget_ms), pinned instead of "
+    "measured, e.g. a figure measured on the device with `edge-coldstart --cache cold`; repeat per engine. "
+    "Without it each engine's is 3 x its slowest of 3 fresh boots on this host, rounded up (image/fresh_boot.py)")
 _FALLBACK_HELP = (
     "a package to serve when this one cannot (e.g. one built with --quantize int8): copied into this package as "
     "fallback/ and pinned by its package_sha256 (manifest: fallback). Same source and tokenizer as this package")
@@ -75,6 +81,20 @@ def _corpus_problem(files: list[Path]) -> str | None:
     return None
 
 
+def _engine_ms(text: str) -> tuple[str, float]:
+    """``ENGINE=MS`` of --fresh-boot-budget-ms: an engine this builder writes and a number of ms above 0."""
+    engine, _, ms = text.partition("=")
+    if engine not in ("onnxruntime", "torchscript"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give ENGINE=MS with ENGINE onnxruntime or torchscript")
+    try:
+        value = float(ms)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: MS must be a number of milliseconds above 0")
+    return engine, value
+
+
 def _fail(message: str, code: int) -> int:
     return fail("edge-package build", message, code)
 
@@ -96,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--fallback-device", choices=FALLBACK_DEVICES,
                    help="the fallback's device (default: cpu, when any --fallback-* option is given): on a Jetson, "
                         "the CPU when the GPU path hangs or throttles")
+    b.add_argument("--fresh-boot-budget-ms", type=_engine_ms, action="append", default=[], metavar="ENGINE=MS",
+                   help=_FRESH_HELP)
     b.add_argument("--check-determinism", action="store_true",
                    help="build a second time beside --out and report files that differ (exit 1 if any)")
     args = parser.parse_args(argv)
@@ -143,8 +165,12 @@ def _checked_build(out: Path, args, stopped) -> int:
             problem = ("--fallback-engine torchscript: a --quantize int8 package carries the onnxruntime engine only; "
                        "give a --fallback-package that has torchscript files, or leave out --quantize")
         return _fail(problem, 2)
+    pinned = dict(args.fresh_boot_budget_ms)
+    if set(pinned) - set(engines):
+        return _fail(f"--fresh-boot-budget-ms {', '.join(sorted(set(pinned) - set(engines)))}: this package has no "
+                     f"files for that engine (it will have {', '.join(engines)})", 2)
     options = {"prune_corpus": args.prune_corpus, "ort_target_platform": args.ort_target_platform,
-               "quantize": args.quantize, "fallback": fallback}
+               "quantize": args.quantize, "fallback": fallback, "fresh_boot_budget_ms": pinned or None}
     from edge.runtime.default_package import missing_build_modules
 
     missing = missing_build_modules()
@@ -164,8 +190,16 @@ def _checked_build(out: Path, args, stopped) -> int:
             summary["quantization_timings"] = json.loads(report.read_text())
     if "fallback" in manifest:
         summary["fallback"] = manifest["fallback"]
+    fresh = (manifest.get("selftest") or {}).get("fresh_boot_budget_ms")
+    if fresh:
+        summary["fresh_boot_budget_ms"] = fresh
+        report = out / FRESH_BOOT_REPORT  # the runs: in no hash, beside the manifest
+        if report.is_file():
+            summary["fresh_boot_runs_ms"] = json.loads(report.read_text())["runs"]
     print(json.dumps(summary, indent=2))
     if args.check_determinism:
+        if fresh:  # the one measured input: the second build takes the first's figures (image/fresh_boot.py)
+            options["fresh_boot_budget_ms"] = fresh
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             again = build_package(Path(tmp) / "again", **options)
             diff = compare_builds(out, again)

@@ -105,8 +105,12 @@ def test_all_checks_pass(serve, work, capsys):
     assert c["package"]["measured"]["package_sha256"] == digest == c["package"]["measured"]["served_package_sha256"]
     assert c["reference"]["measured"]["cosine"] == pytest.approx(1.0, abs=1e-6)
     assert c["reference"]["measured"]["engine"] == "fake" and c["reference"]["measured"]["dim"] == DIM
-    assert c["boot_budget"]["measured"] == {"exec_to_ready_ms": 420.0, "budget_ms": DEFAULT_BOOT_BUDGET_MS,
-                                            "budget_source": "the package's", "start": "fresh", "pid": 4242}
+    budget = c["boot_budget"]["measured"]  # the contract's fields, then what says which start was judged and how
+    assert {k: budget[k] for k in ("exec_to_ready_ms", "budget_ms", "budget_source", "start", "pid")} == {
+        "exec_to_ready_ms": 420.0, "budget_ms": DEFAULT_BOOT_BUDGET_MS, "budget_source": "the package's",
+        "start": "fresh", "pid": 4242}
+    assert budget["judged"] == "fresh" and budget["snapshot_possible"] is False and budget["engine"] == "fake"
+    assert budget["fresh_boot_budget_ms"] == budget["boot_budget_ms"] == DEFAULT_BOOT_BUDGET_MS  # none in the package
     assert report["package_source"] == "--package"
 
 
@@ -116,7 +120,8 @@ def test_human_lines_name_each_check(serve, work, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[:2] for line in lines[:4]] == [["PASS", n] for n in S.CHECKS]
     assert lines[2].split(None, 2)[2].startswith("cosine 1.0000000 >= 0.9999")
-    assert lines[3].endswith("exec to ready 420 ms within the package's budget of 1500 ms")
+    assert "exec to ready 420 ms within the package's budget of 1500 ms (a fresh start where no snapshot" in lines[3]
+    assert lines[3].endswith("the package names no fresh-start budget for fake)")
     assert lines[-1].startswith("edge selftest: PASS")
 
 
@@ -261,6 +266,86 @@ def test_boot_budget(serve, work, capsys, ready_ms, package_budget, flag, passed
     assert (" over " in c["detail"]) is not passed
 
 
+FRESH = {"fake": 9000.0}  # the package's fresh_boot_budget_ms
+
+
+def fresh_package(work: Path, **kw) -> str:
+    return write_package(work / "pkg", reference(fresh_boot_budget_ms=FRESH, **kw), engines={"fake": {"files": []}})
+
+
+def start_record(work: Path, address: str, **fields) -> str:
+    """edge-supervise's start.json (edge/supervise/start_record.py) for the server at ``address``."""
+    path = work / "start.json"
+    path.write_text(json.dumps({"format": 1, "pid": 1, "boottime_ns": {}, "address": address, **fields}))
+    return str(path)
+
+
+@pytest.mark.parametrize("start,ready_ms,flags,passed,budget,judged_by", [
+    # restored: the package's budget, whatever the fresh one
+    ("restored", 1400.0, [], True, 1500.0, "boot_budget_ms"),
+    ("restored", 1600.0, [], False, 1500.0, "boot_budget_ms"),
+    # fresh, no snapshot can be taken (no start record: a server started by hand): the engine's fresh budget
+    ("fresh", 8000.0, [], True, 9000.0, "fresh_boot_budget_ms"),
+    ("fresh", 9100.0, [], False, 9000.0, "fresh_boot_budget_ms"),
+    ("fresh", 8000.0, ["--snapshots", "no"], True, 9000.0, "fresh_boot_budget_ms"),
+    ("fresh", 8000.0, ["--fresh-budget-ms", "7000"], False, 7000.0, "fresh_boot_budget_ms"),
+    # fresh where a snapshot can be taken: this start should have been restored
+    ("fresh", 8000.0, ["--snapshots", "yes"], False, 1500.0, "boot_budget_ms"),
+    # --budget-ms holds whichever start is judged
+    ("fresh", 8000.0, ["--budget-ms", "8500"], True, 8500.0, "--budget-ms"),
+    ("restored", 300.0, ["--budget-ms", "200"], False, 200.0, "--budget-ms"),
+])
+def test_which_start_is_judged_and_against_which_budget(serve, work, capsys, start, ready_ms, flags, passed, budget,
+                                                         judged_by):
+    server = serve(fresh_package(work), timeline={**TIMELINE, "start": start, "exec_to_ready_ms": ready_ms})
+    rc, report, _ = selftest(capsys, "--connect", server.address, "--package", str(work / "pkg"),
+                             "--start-record", str(work / "none.json"), *flags)
+    c = checks(report)["boot_budget"]
+    assert (rc, c["passed"]) == ((0, True) if passed else (1, False)), c
+    m = c["measured"]
+    assert m["budget_ms"] == budget and m["budget"] == judged_by and m["judged"] == start
+    assert m["boot_budget_ms"] == 1500.0 and m["fresh_boot_budget_ms"] == (7000.0 if "--fresh-budget-ms" in flags
+                                                                            else 9000.0)
+    assert (" over " in c["detail"]) is not passed and f"of {budget:.0f} ms" in c["detail"]
+    assert c["detail"].startswith("exec to ready" if start == "fresh" else "restored start to ready")
+    if start == "fresh" and judged_by == "fresh_boot_budget_ms":
+        assert "fresh-start budget" in c["detail"] and "no snapshot can be taken" in c["detail"]
+        assert m["snapshot_possible"] is False
+
+
+@pytest.mark.parametrize("record,possible,says", [
+    ({"start": "restored", "snapshot": "none"}, True, "restored this start"),
+    ({"start": "fresh", "snapshot": "taking"}, True, "is taking one"),
+    ({"start": "fresh", "snapshot": "taken", "not_restored": "no snapshot in /x"}, True, "not restored: no snapshot"),
+    ({"start": "fresh", "snapshot": "off"}, False, "--snapshot off"),
+    ({"start": "fresh", "snapshot": "failed", "snapshot_error": "no criu on PATH"}, False, "no criu on PATH"),
+])
+def test_the_supervisors_start_record_says_whether_a_snapshot_can_be_taken(serve, work, capsys, record, possible,
+                                                                            says):
+    server = serve(fresh_package(work), timeline={**TIMELINE, "exec_to_ready_ms": 3000.0})
+    rc, report, _ = selftest(capsys, "--connect", server.address, "--package", str(work / "pkg"),
+                             "--start-record", start_record(work, server.address, **record))
+    c = checks(report)["boot_budget"]
+    assert c["measured"]["snapshot_possible"] is possible and says in c["measured"]["snapshot_why"]
+    # a fresh 3 s boot: over the restored budget where a snapshot can be taken, within the fresh one where not
+    assert c["passed"] is (not possible) and c["measured"]["budget_ms"] == (1500.0 if possible else 9000.0)
+    other = start_record(work, "ipc:///elsewhere.sock", start="restored")  # another server's: says nothing of this one
+    rc, report, _ = selftest(capsys, "--connect", server.address, "--package", str(work / "pkg"),
+                             "--start-record", other)
+    assert checks(report)["boot_budget"]["measured"]["snapshot_possible"] is False
+
+
+def test_fresh_budget_of_another_engine_or_an_older_package(serve, work, capsys):
+    """A package that names no fresh budget for the served engine holds a fresh start to its boot budget."""
+    server = serve(write_package(work / "pkg", reference(fresh_boot_budget_ms={"other": 9000.0}),
+                                 engines={"fake": {"files": []}, "other": {"files": []}}),
+                   timeline={**TIMELINE, "exec_to_ready_ms": 2000.0})
+    rc, report, _ = selftest(capsys, "--connect", server.address, "--package", str(work / "pkg"),
+                             "--start-record", str(work / "none.json"))
+    c = checks(report)["boot_budget"]
+    assert rc == 1 and c["measured"]["fresh_boot_budget_ms"] == 1500.0 and c["measured"]["budget_ms"] == 1500.0
+
+
 def test_restored_start_and_missing_timeline(serve, work, capsys):
     digest = write_package(work / "pkg", reference())
     server = serve(digest, timeline={**TIMELINE, "start": "restored", "exec_to_ready_ms": 250.0})
@@ -282,6 +367,9 @@ def test_selftest_section_round_trips_and_is_optional(work):
     ref = open_package(work / "new", verify="none").manifest.selftest
     assert ref.text == TEXT and ref.min_cosine == 0.9999 and ref.boot_budget_ms == 1500.0
     np.testing.assert_array_equal(np.asarray(ref.embedding, dtype=np.float32), REFERENCE)
+    assert ref.fresh_boot_budget_ms == {} and ref.fresh_budget("fake") is None  # built before the fresh budget
+    fresh_package(work / "fresh")
+    assert open_package(work / "fresh" / "pkg", verify="none").manifest.selftest.fresh_budget("fake") == 9000.0
     write_package(work / "old")
     assert open_package(work / "old", verify="none").manifest.selftest is None
 
@@ -296,11 +384,15 @@ def test_selftest_section_round_trips_and_is_optional(work):
     (lambda r: r.update(min_cosine=0), "selftest.min_cosine"),
     (lambda r: r.update(boot_budget_ms=-1), "selftest.boot_budget_ms"),
     (lambda r: r.update(computed_with=[]), "selftest.computed_with"),
+    (lambda r: r.update(fresh_boot_budget_ms=[]), "selftest.fresh_boot_budget_ms"),
+    (lambda r: r.update(fresh_boot_budget_ms={"fake": 0}), "selftest.fresh_boot_budget_ms.fake"),
+    (lambda r: r.update(fresh_boot_budget_ms={"fake": "x"}), "selftest.fresh_boot_budget_ms.fake"),
+    (lambda r: r.update(fresh_boot_budget_ms={"torchscript": 5000}), "selftest.fresh_boot_budget_ms.torchscript"),
 ])
 def test_invalid_selftest_section_is_refused(work, edit, where):
     section = reference()
     edit(section)
-    write_package(work / "pkg", section)
+    write_package(work / "pkg", section, engines={"fake": {"files": []}})
     with pytest.raises(PackageError) as info:
         open_package(work / "pkg", verify="none")
     assert info.value.code == ErrorCode.PACKAGE_INVALID and f"manifest.json: {where}:" in str(info.value)

@@ -11,8 +11,12 @@ the package it serves. Four checks, in this order (docs/selftest.md):
 3. ``reference``: the server's embedding of the manifest's reference text (``selftest.text``,
    stored by image/package.py) has a cosine of at least ``selftest.min_cosine`` with the
    embedding stored beside it;
-4. ``boot_budget``: the boot's ``exec_to_ready_ms`` (``stats``' timeline) is within the package's
-   ``selftest.boot_budget_ms``.
+4. ``boot_budget``: the boot's ``exec_to_ready_ms`` (``stats``' timeline) is within its budget:
+   the package's ``selftest.boot_budget_ms`` for a restored start, and for a fresh start where a
+   snapshot can be taken (the device's starts restore: this one should have); the package's
+   ``selftest.fresh_boot_budget_ms`` of the served engine for a fresh start where none can be
+   (:func:`snapshot_verdict`: ``--snapshots``, else edge-supervise's start record). The check says
+   which start it judged and against which budget.
 
 Exit status: 0 when all pass; 1 when a check failed; 2 when no server answered at all (and for
 usage errors), as for the other client commands (:data:`edge.cli.EXIT_CODES`). Nothing is added
@@ -30,7 +34,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["CHECKS", "DEVICE_PACKAGE", "Check", "Report", "add_arguments", "find_package", "run", "run_checks"]
+__all__ = ["CHECKS", "DEVICE_PACKAGE", "START_RECORD", "Check", "Report", "SnapshotVerdict", "add_arguments",
+           "find_package", "snapshot_verdict", "run", "run_checks"]
 
 CHECKS = ("ready", "package", "reference", "boot_budget")
 # The package of the installed bundle, seen from the host (the container sees it at
@@ -39,6 +44,9 @@ DEVICE_PACKAGE = "/opt/edge/bundle/current/rootfs/opt/edge/package"
 POLL_S = 0.1  # between health probes while the server is not up yet (s)
 PROBE_TIMEOUT_S = 2.0  # one health probe's wait (s); health is answered in ms, even under load
 MIN_REQUEST_S = 1.0  # least wait given to stats and infer once ready, even with --timeout nearly spent (s)
+# edge-supervise's record of the unit's start (edge/supervise/start_record.py, RuntimeDirectory=edge-supervise
+# in systemd/edge.service): whether it restored, and what became of its snapshot.
+START_RECORD = "/run/edge-supervise/start.json"
 
 
 @dataclass
@@ -102,8 +110,19 @@ def add_arguments(p) -> None:
     from edge.config.argtypes import positive_number
 
     p.add_argument("--budget-ms", type=positive_number("ms"), default=None, metavar="MS",
-                   help="boot budget, exec to ready in ms (default: the package's selftest.boot_budget_ms, "
-                        "else 1500)")
+                   help="boot budget, exec to ready in ms, whichever start is judged (default: the package's "
+                        "selftest.boot_budget_ms, else 1500; for a fresh start where no snapshot can be taken, "
+                        "its selftest.fresh_boot_budget_ms of the served engine)")
+    p.add_argument("--fresh-budget-ms", type=positive_number("ms"), default=None, metavar="MS",
+                   help="the fresh start's budget where no snapshot can be taken (default: the package's "
+                        "selftest.fresh_boot_budget_ms of the served engine, else its boot budget)")
+    p.add_argument("--snapshots", choices=("auto", "yes", "no"), default="auto",
+                   help="whether snapshots of the runtime can be taken on this device, which decides the budget "
+                        "of a fresh start: yes: the package's boot budget, as for a restored start; no: its fresh "
+                        f"budget; auto: what edge-supervise's start record says ({START_RECORD}; --start-record), "
+                        "and no where there is none (a server started by hand)")
+    p.add_argument("--start-record", metavar="FILE", default=START_RECORD,
+                   help="edge-supervise's start record, read by --snapshots auto")
 
 
 def find_package(given: str | None, env: dict | None = None) -> tuple[str | None, str]:
@@ -238,31 +257,105 @@ def check_reference(client, manifest, allow_missing: bool, timeout_s: float) -> 
                                      f"device's libraries or the package files are not what was built", measured)
 
 
-def check_boot_budget(stats: dict, manifest, budget_ms: float | None) -> Check:
-    """The boot's exec-to-ready time (stats' timeline) against the package's budget."""
+@dataclass
+class SnapshotVerdict:
+    """Whether a snapshot of the runtime can be taken on this device, and how that is known."""
+
+    possible: bool
+    why: str  # one clause for a person: what said so
+
+
+def snapshot_verdict(address: str, record_path: str = START_RECORD) -> SnapshotVerdict:
+    """What edge-supervise's start record says of snapshots for the server at ``address``: one was
+    restored, is being taken or was taken (possible); ``--snapshot off`` or a failed one (not
+    possible, with its error); no record, or one of another server (not possible: nothing here
+    takes snapshots of this server)."""
+    try:
+        with open(record_path) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return SnapshotVerdict(False, f"no edge-supervise start record at {record_path}: nothing takes snapshots "
+                                      f"of this server")
+    except (OSError, ValueError) as exc:
+        return SnapshotVerdict(False, f"edge-supervise's start record {record_path} is unreadable ({exc})")
+    if not isinstance(record, dict) or record.get("address") != address:
+        other = record.get("address") if isinstance(record, dict) else None
+        return SnapshotVerdict(False, f"edge-supervise's start record {record_path} is of another server ({other})")
+    snap = record.get("snapshot")
+    if record.get("start") == "restored":
+        return SnapshotVerdict(True, "edge-supervise restored this start from a snapshot")
+    if snap == "off":
+        return SnapshotVerdict(False, "edge-supervise runs with --snapshot off (the unit's snapshot setting, "
+                                      "/etc/default/edge)")
+    if snap == "failed":
+        return SnapshotVerdict(False, f"edge-supervise could not take one: {record.get('snapshot_error', '?')}")
+    if snap in ("taking", "taken"):
+        why = f"; this start was not restored: {record['not_restored']}" if record.get("not_restored") else ""
+        return SnapshotVerdict(True, f"edge-supervise {'is taking' if snap == 'taking' else 'took'} one after this "
+                                     f"fresh start{why}")
+    return SnapshotVerdict(False, f"edge-supervise's start record says snapshot {snap!r}")
+
+
+def check_boot_budget(stats: dict, manifest, budget_ms: float | None, *, fresh_budget_ms: float | None = None,
+                      snapshots: SnapshotVerdict | None = None, address: str = "",
+                      start_record: str = START_RECORD) -> Check:
+    """The boot's exec-to-ready time (stats' timeline) against its budget: the package's boot
+    budget for a restored start and for a fresh one where a snapshot can be taken (``snapshots``,
+    else :func:`snapshot_verdict`), the served engine's fresh budget for a fresh one where none can."""
     from edge.preload.manifest import DEFAULT_BOOT_BUDGET_MS
 
-    if budget_ms is not None:
-        budget, source = budget_ms, "--budget-ms"
-    elif manifest is not None and manifest.selftest is not None:
-        budget, source = manifest.selftest.boot_budget_ms, "the package's"
-    else:
-        budget, source = DEFAULT_BOOT_BUDGET_MS, "the default"
-    measured = {"budget_ms": budget, "budget_source": source}
+    ref = manifest.selftest if manifest is not None else None
+    restored_budget, restored_source = ((ref.boot_budget_ms, "the package's") if ref is not None
+                                        else (DEFAULT_BOOT_BUDGET_MS, "the default"))
+    engine = (stats.get("lineage") or {}).get("engine")
+    fresh_named = True
+    if fresh_budget_ms is not None:
+        fresh_budget, fresh_source = fresh_budget_ms, "--fresh-budget-ms"
+    elif ref is not None and ref.fresh_budget(engine) is not None:
+        fresh_budget, fresh_source = ref.fresh_budget(engine), "the package's"
+    else:  # a package built before the fresh budget, or for no such engine: the one budget holds
+        fresh_budget, fresh_source, fresh_named = restored_budget, restored_source, False
+    measured = {"budget_ms": restored_budget, "budget_source": restored_source, "boot_budget_ms": restored_budget,
+                "fresh_boot_budget_ms": fresh_budget, "fresh_budget_source": fresh_source, "engine": engine}
     timeline = stats.get("timeline")
     if not isinstance(timeline, dict) or timeline.get("exec_to_ready_ms") is None:
         why = timeline.get("error") if isinstance(timeline, dict) and timeline.get("error") else "none reported"
         return Check("boot_budget", False, f"the server's stats hold no boot timeline ({why})", measured)
     ready_ms = float(timeline["exec_to_ready_ms"])
     start = timeline.get("start", "fresh")  # "restored": counted from the snapshot's restore
-    measured.update(exec_to_ready_ms=ready_ms, start=start, pid=timeline.get("pid"))
+    measured.update(exec_to_ready_ms=ready_ms, start=start, pid=timeline.get("pid"), judged=start)
+    if start == "restored":
+        budget, source, name = restored_budget, restored_source, "budget"
+        why = "a restored start" + (f"; {fresh_source} fresh-start budget for {engine}: {fresh_budget:.0f} ms"
+                                    if fresh_named else "")
+        measured["snapshot_possible"] = True
+    else:
+        verdict = snapshots or snapshot_verdict(address, start_record)
+        measured.update(snapshot_possible=verdict.possible, snapshot_why=verdict.why)
+        if verdict.possible:
+            budget, source, name = restored_budget, restored_source, "budget"
+            why = (f"a fresh start, held to the restored start's budget where a snapshot can be taken: "
+                   f"{verdict.why}; its fresh budget ({fresh_budget:.0f} ms) holds only where none can")
+        else:
+            budget, source, name = fresh_budget, fresh_source, "fresh-start budget" if fresh_named else "budget"
+            why = f"a fresh start where no snapshot can be taken: {verdict.why}" + (
+                "" if fresh_named else f"; the package names no fresh-start budget for {engine}")
+    if budget_ms is not None:
+        budget, source, name = budget_ms, "--budget-ms", "budget"
+    measured.update(budget_ms=budget, budget_source=source,
+                    budget="--budget-ms" if budget_ms is not None else
+                    "fresh_boot_budget_ms" if fresh_named and name == "fresh-start budget" else "boot_budget_ms")
     ok = ready_ms <= budget
-    return Check("boot_budget", ok, f"{'exec' if start == 'fresh' else start + ' start'} to ready {ready_ms:.0f} ms "
-                                    f"{'within' if ok else 'over'} {source} budget of {budget:.0f} ms", measured)
+    what = "exec to ready" if start == "fresh" else f"{start} start to ready"
+    of = f" for {engine}" if name == "fresh-start budget" and source == "the package's" and engine else ""
+    detail = f"{what} {ready_ms:.0f} ms {'within' if ok else 'over'} {source} {name} of {budget:.0f} ms{of}"
+    return Check("boot_budget", ok, f"{detail} ({why})", measured)
 
 
 def run_checks(client, address: str, package: str | None, package_source: str, timeout_s: float, *,
-               allow_missing_reference: bool = False, budget_ms: float | None = None) -> Report:
+               allow_missing_reference: bool = False, budget_ms: float | None = None,
+               fresh_budget_ms: float | None = None, snapshots: SnapshotVerdict | None = None,
+               start_record: str = START_RECORD) -> Report:
     """Every check, in order, against the server ``client`` talks to; never raises for a server's answer."""
     from edge.errors import EdgeError
 
@@ -294,7 +387,8 @@ def run_checks(client, address: str, package: str | None, package_source: str, t
                 not_run("reference", why="the package is not the served one")
             else:
                 report.checks.append(check_reference(client, manifest, allow_missing_reference, left()))
-            report.checks.append(check_boot_budget(stats, manifest, budget_ms))
+            report.checks.append(check_boot_budget(stats, manifest, budget_ms, fresh_budget_ms=fresh_budget_ms,
+                                                   snapshots=snapshots, address=address, start_record=start_record))
     report.elapsed_ms = (time.monotonic() - t0) * 1000
     return report
 
@@ -323,8 +417,12 @@ def run(args, address: str, curve) -> int:
     package, source = find_package(args.package)
     client = EdgeClient(address, timeout_s=args.timeout, curve=curve)
     try:
+        snapshots = None if args.snapshots == "auto" else SnapshotVerdict(
+            args.snapshots == "yes", f"--snapshots {args.snapshots}")
         report = run_checks(client, address, package, source, args.timeout,
-                            allow_missing_reference=args.allow_missing_reference, budget_ms=args.budget_ms)
+                            allow_missing_reference=args.allow_missing_reference, budget_ms=args.budget_ms,
+                            fresh_budget_ms=args.fresh_budget_ms, snapshots=snapshots,
+                            start_record=args.start_record)
     finally:
         client.close()
     if args.json:

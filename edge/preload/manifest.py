@@ -140,7 +140,7 @@ def _engine_spec(v: object, where: str) -> dict:
 
 def _check_across(m: "Manifest") -> "Manifest":
     """The checks that span fields: the warm-up ids against the vocabulary and the length, the
-    self-test's embedding against the output width."""
+    self-test's embedding against the output width and its fresh budgets against the engines."""
     ids = m.serving.warm_sample_ids
     if ids is not None:
         if max(ids) >= m.vocab_size:
@@ -149,6 +149,10 @@ def _check_across(m: "Manifest") -> "Manifest":
             raise Invalid("serving.warm_sample_ids", f"{len(ids)} ids, more than max_seq_length {m.max_seq_length}")
     if m.selftest is not None and len(m.selftest.embedding) != m.output_dim:
         raise Invalid("selftest.embedding", f"{len(m.selftest.embedding)} values, but output_dim is {m.output_dim}")
+    for engine in (m.selftest.fresh_boot_budget_ms if m.selftest is not None else {}):
+        if engine not in m.engines:
+            raise Invalid(f"selftest.fresh_boot_budget_ms.{engine}", f"this package has no files for that engine "
+                                                                     f"(it has {', '.join(m.engines)})")
     if m.fallback is not None and m.fallback.kind == "device" and m.fallback.engine not in m.engines:
         raise Invalid("fallback.engine", f"{m.fallback.engine!r}: this package has no files for it "
                                          f"(it has {', '.join(m.engines)})")

@@ -17,7 +17,9 @@ class SelftestReference(Record):
     ``embedding`` is ``text`` embedded on the build host by the package's own engine path
     (image/package.py); ``edge selftest`` embeds ``text`` through the running server and wants
     a cosine of at least ``min_cosine`` with it, and the boot's exec-to-ready time within
-    ``boot_budget_ms``.
+    ``boot_budget_ms`` (a restored start, or any start where a snapshot can be taken) or, for a
+    fresh start where no snapshot can be taken, within ``fresh_boot_budget_ms`` of the engine it
+    runs (measured by the package build, image/fresh_boot.py; docs/selftest.md).
     """
 
     __slots__ = (
@@ -25,6 +27,9 @@ class SelftestReference(Record):
         "embedding",  # list[float]: (output_dim,), the text's embedding as the package computes it
         "min_cosine",  # float in (0, 1]: least cosine of a served embedding with ``embedding``
         "boot_budget_ms",  # float > 0: exec to ready (ms) a boot of this package must stay within
+        # {engine: float > 0}: exec to ready (ms) of a fresh start (no snapshot) of that engine, where
+        # no snapshot can be taken; {} in packages built before it (boot_budget_ms then holds)
+        "fresh_boot_budget_ms",
         "computed_with",  # dict: how ``embedding`` was computed (engine, file, device); informative
         "extra",  # dict: fields newer writers add
     )
@@ -35,7 +40,12 @@ class SelftestReference(Record):
     boot_budget_ms: float
     computed_with: dict
     extra: dict
-    _defaults = {"computed_with": dict, "extra": dict}
+    fresh_boot_budget_ms: dict[str, float]
+    _defaults = {"fresh_boot_budget_ms": dict, "computed_with": dict, "extra": dict}
+
+    def fresh_budget(self, engine: str | None) -> float | None:
+        """The fresh start's budget of ``engine`` (ms); None when the package names none for it."""
+        return self.fresh_boot_budget_ms.get(engine) if engine else None
 
     @classmethod
     def model_validate(cls, d: object, where: str = "selftest") -> "SelftestReference":
@@ -56,6 +66,12 @@ class SelftestReference(Record):
         budget = number(d.pop("boot_budget_ms"), f"{where}.boot_budget_ms")
         if not 0 < budget < float("inf"):
             raise Invalid(f"{where}.boot_budget_ms", f"must be a number of ms above 0, got {budget}")
+        fresh = {}
+        for engine, ms in dict_of(d.pop("fresh_boot_budget_ms", {}), f"{where}.fresh_boot_budget_ms").items():
+            ms = number(ms, f"{where}.fresh_boot_budget_ms.{engine}")
+            if not 0 < ms < float("inf"):
+                raise Invalid(f"{where}.fresh_boot_budget_ms.{engine}", f"must be a number of ms above 0, got {ms}")
+            fresh[string(engine, f"{where}.fresh_boot_budget_ms")] = ms
         computed_with = dict_of(d.pop("computed_with", {}), f"{where}.computed_with")
         return cls(text=text, embedding=vector, min_cosine=min_cosine, boot_budget_ms=budget,
-                   computed_with=computed_with, extra=d)
+                   fresh_boot_budget_ms=fresh, computed_with=computed_with, extra=d)

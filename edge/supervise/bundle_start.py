@@ -64,17 +64,33 @@ def nofile_grant(wanted):
     return wanted
 
 
-def nofile_cap(bundle):
+def _has_cap_sys_resource():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 24 & 1)  # CAP_SYS_RESOURCE = 24
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def nofile_cap(bundle, hard=None):
     """The hard RLIMIT_NOFILE to start the bundle's container with when this process cannot grant
     the one its config.json asks for (None: its own). runc would otherwise fail with "error
     setting rlimit type 7: operation not permitted", on every restart. Logs a warning naming the
-    setting that raises it."""
+    setting that raises it. ``hard``: the hard limit of the process that will start it, when it
+    is not this one (``--stage-snapshot --nofile-limit``: the unit's LimitNOFILE=), so that a
+    snapshot taken here has the limit the unit's start will compare it with."""
     with open(os.path.join(bundle, "config.json")) as f:
         entry = config_nofile(json.load(f))
     if entry is None:
         return None
     wanted = max(int(entry.get("hard", 0)), int(entry.get("soft", 0)))
-    granted = nofile_grant(wanted)
+    if hard is None:
+        granted = nofile_grant(wanted)
+    else:  # what nofile_grant would find in that process: above its hard limit only with CAP_SYS_RESOURCE
+        granted = wanted if wanted <= hard or _has_cap_sys_resource() else hard
     if granted >= wanted:
         return None
     log("supervise.nofile_capped", wanted=wanted, granted=granted, setting="LimitNOFILE=",

@@ -3,6 +3,8 @@
     edge-supervise --bundle DIR [--id edge] [--runc PATH] [--interval S] [--probe-timeout S] [--snapshot auto|off]
     edge-supervise --cleanup --id edge           (ExecStopPost: runc delete --force)
     edge-supervise --probe ipc:///run/edge/edge.sock    (one health probe; exit 0 when ready)
+    edge-supervise --stage-snapshot --bundle DIR --id ID [--nofile-limit N]
+                                                 (edge-bundle install: the snapshot before the switch)
 
 Why a supervisor (docs/bundle.md, "Liveness"): runc relays only the first ``READY=`` datagram
 of the container to ``$NOTIFY_SOCKET``, never ``WATCHDOG=1`` or ``STATUS=``, so the
@@ -244,6 +246,13 @@ def main(argv=None):
                          "(needs CRIU >= 4.1); off: always start fresh, take none (default auto)")
     ap.add_argument("--cleanup", action="store_true", help="only runc delete --force the container")
     ap.add_argument("--probe", metavar="ADDRESS", help="probe once and exit 0 when ready")
+    ap.add_argument("--stage-snapshot", action="store_true",
+                    help="boot --bundle to its snapshot point in a staging container (--id; its own socket "
+                         "directory, the least CPU weight) and checkpoint it into the bundle's snapshot directory, "
+                         "for its first start (edge-bundle install, before the switch); exit 0 when it has one")
+    ap.add_argument("--nofile-limit", type=int, default=None, metavar="N",
+                    help="--stage-snapshot: the hard RLIMIT_NOFILE of the unit that will start the bundle "
+                         "(its LimitNOFILE=), when it is not this process's")
     args = ap.parse_args(argv)
     if args.probe:
         ok, detail = probe(args.probe, args.probe_timeout)
@@ -255,6 +264,10 @@ def main(argv=None):
         return 0
     if not args.bundle:
         ap.error("--bundle is required")
+    if args.stage_snapshot:
+        from edge.supervise.staging import stage
+
+        return stage(args)
     return supervise(args)
 
 

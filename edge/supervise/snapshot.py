@@ -5,6 +5,7 @@ apply too."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -27,6 +28,20 @@ from edge.system.snapshot_rules import (CRIU_CONF, CRIU_CONF_OK, MARKER, RESUME,
 RESTORE_READY_TIMEOUT_S = 30.0
 SNAPSHOT_POINT_TIMEOUT_S = 120.0  # the snapshot container's boot to its snapshot point
 RESTORE_PROBE_EVERY_S = 0.02  # a refused connect costs microseconds; ready is seen within 20 ms
+MIN_CRIU = (4, 1)  # Debian bookworm's 3.17 fails on this kernel ("Unexpected rt vDSO area bounds", CRIU 2532)
+
+
+def criu_problem(criu):
+    """Why ``criu`` cannot take the snapshot (None: it can): absent, or older than 4.1."""
+    if criu is None:
+        return "no criu on PATH (a snapshot needs CRIU >= 4.1)"
+    version = tool_version([criu, "--version"])
+    found = re.search(r"Version:\s*(\d+)\.(\d+)", version)
+    if found is None:
+        return f"{criu} --version says {version!r}, not a CRIU version"
+    if tuple(int(x) for x in found.groups()) < MIN_CRIU:
+        return f"{criu} is CRIU {found.group(1)}.{found.group(2)}; a snapshot needs CRIU >= 4.1"
+    return None
 
 
 def snapshot_config(bundle, config):
@@ -162,7 +177,8 @@ class SnapshotTaker(threading.Thread):
     def run(self):
         t0 = time.monotonic()
         try:
-            record = self._take()
+            record = take_snapshot(self.bundle, self.run_bundle, self.meta, self.runc, self.env, self.cid,
+                                   self.aborted)
             log("supervise.snapshot_taken", path=self.snap, seconds=round(time.monotonic() - t0, 3),
                  **{k: record[k] for k in ("image_bytes", "snapshot_point_s", "checkpoint_s")})
             outcome = {"snapshot": "taken"}
@@ -175,82 +191,118 @@ class SnapshotTaker(threading.Thread):
             shutil.rmtree(self.staging, ignore_errors=True)
         self.record.stamp("snapshot_done", **outcome)  # after the cleanup: the machine is quiet again
 
-    def _take(self):
-        if shutil.which("criu") is None:
-            raise RuntimeError("no criu on PATH (runc checkpoint needs CRIU >= 4.1)")
-        make_parents(self.snap)
-        shutil.rmtree(self.staging, ignore_errors=True)
-        images = os.path.join(self.staging, "images")
-        os.makedirs(images)
-        os.chmod(self.staging, 0o700)  # the runtime's memory: root's only (CRIU reads it as root)
-        os.chmod(images, 0o711)  # as edge-bundle snapshot makes it
-        with open(os.path.join(self.run_bundle, "config.json")) as f:
-            config = snapshot_config(self.bundle, json.load(f))
-        blocked = unreachable_in_userns(config)
+
+def _nice_0():
+    os.setpriority(os.PRIO_PROCESS, 0, 0)  # root: CAP_SYS_NICE may lower the nice value again
+
+
+def take_snapshot(bundle, run_bundle, meta, runc, env, cid, aborted, *, socket_dir=None, cpu_shares=None,
+                  taken_by="edge-supervise"):
+    """Run the bundle (its runtime config ``run_bundle``) as container ``cid`` to its snapshot point,
+    ``runc checkpoint`` it into ``<snapshot dir>.new`` and rename that into the bundle's snapshot
+    directory (``snapshot_dir``); its snapshot.json record. ``aborted`` (an Event) set: stop.
+    Raises RuntimeError saying why it could not; the caller deletes the container and the
+    staging directory.
+
+    ``socket_dir``: a host directory of the runtime's user bound at the container's socket
+    directory instead of the bundle's, for the checkpoint only (the marker is written there; the
+    runtime binds nothing before its snapshot point): the snapshot's own config.json names the
+    bundle's, and runc's restore maps an external bind mount by its destination to the source
+    its config names. ``cpu_shares``: the checkpointed container's cgroup weight (cgroup v1
+    cpu.shares; runc writes v2's cpu.weight from it); a restore gets the bundle's own."""
+    snap = snapshot_dir(bundle)
+    staging = snap + ".new"
+    why = criu_problem(shutil.which("criu"))  # the one runc runs: the first on PATH
+    if why is not None:
+        raise RuntimeError(why)
+    make_parents(snap)
+    shutil.rmtree(staging, ignore_errors=True)
+    images = os.path.join(staging, "images")
+    os.makedirs(images)
+    os.chmod(staging, 0o700)  # the runtime's memory: root's only (CRIU reads it as root)
+    os.chmod(images, 0o711)  # as edge-bundle snapshot makes it
+    with open(os.path.join(run_bundle, "config.json")) as f:
+        config = snapshot_config(bundle, json.load(f))
+    blocked = unreachable_in_userns(config)
+    if blocked:
+        raise RuntimeError(f"it could not be restored: {blocked}")
+    checkpoint_config = json.loads(json.dumps(config))
+    if socket_dir is not None:
+        inside = meta.get("container_socket_dir", "/run/edge")
+        mounts = [m for m in checkpoint_config["mounts"] if m.get("type") == "bind" and m["destination"] == inside]
+        if not mounts:
+            raise RuntimeError(f"the bundle binds no socket directory at {inside}")
+        for m in mounts:
+            m["source"] = socket_dir
+        blocked = unreachable_in_userns(checkpoint_config)
         if blocked:
-            raise RuntimeError(f"it could not be restored: {blocked}")
-        checkpoint_config = config
-        if CRIU_CONF_OK in tool_version([shutil.which("criu") or "criu", "--version"]):  # as edge-bundle snapshot
-            conf = os.path.join(self.staging, "criu.conf")
-            with open(conf, "w") as f:
-                f.write(site_criu_conf() + CRIU_CONF)
-            checkpoint_config = {**config, "annotations": {**config.get("annotations", {}), "org.criu.config": conf}}
-        with open(os.path.join(self.staging, "config.json"), "w") as f:
-            json.dump(checkpoint_config, f, indent=1)
-        marker = os.path.join(self.meta["socket_dir"], MARKER)
-        try:
-            os.unlink(marker)
-        except FileNotFoundError:
-            pass
-        since_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - 10**9  # mtime is a coarse clock
-        t0 = time.monotonic()
-        run_runc(["delete", "--force", self.cid], self.runc)
-        proc = subprocess.Popen([self.runc, "run", "-d", "--bundle", self.staging, self.cid], env=self.env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        output = Output(proc.stdout, forward=False)  # a second boot's log would only confuse the journal
-        try:
-            status = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise RuntimeError("runc run -d did not return in 60 s") from None
-        if status != 0:
-            raise RuntimeError(f"runc run -d exited {status}: {output.tail()}")
-        container = Detached(self.runc, self.cid)
-        try:
-            while (point := _read_marker(marker, since_ns)) is None:
-                if self.aborted.is_set():
-                    raise RuntimeError("stopped")
-                if container.poll() is not None:
-                    raise RuntimeError(f"the container ended before its snapshot point: {output.tail()}")
-                if time.monotonic() - t0 > SNAPSHOT_POINT_TIMEOUT_S:
-                    raise RuntimeError(f"no {MARKER} within {SNAPSHOT_POINT_TIMEOUT_S:g} s: {output.tail()}")
-                time.sleep(0.05)
-        finally:
-            container.close()
-        point_s = time.monotonic() - t0
-        t1 = time.monotonic()
-        r = run_runc(["checkpoint", "--image-path", images, "--file-locks", self.cid], self.runc, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"runc checkpoint exited {r.returncode}: {r.stderr.strip()[-500:]} "
-                               f"{log_tail(os.path.join(images, 'dump.log'), 1000)}")
-        checkpoint_s = time.monotonic() - t1
-        run_runc(["delete", "--force", self.cid], self.runc)
-        with open(os.path.join(self.staging, "config.json"), "w") as f:  # restores take the lock method from the images
-            json.dump(config, f, indent=1)
-        try:
-            os.unlink(os.path.join(self.staging, "criu.conf"))
-        except FileNotFoundError:
-            pass
-        sizes = {name: os.path.getsize(os.path.join(images, name)) for name in sorted(os.listdir(images))
-                 if os.path.isfile(os.path.join(images, name))}
-        record = {"format": SNAPSHOT_FORMAT, "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  "dependencies": dependencies(self.bundle, self.meta, self.runc, shutil.which("criu") or "criu"),
-                  "images": sizes, "image_bytes": sum(sizes.values()), "snapshot_point_s": round(point_s, 3),
-                  "checkpoint_s": round(checkpoint_s, 3), "taken_by": "edge-supervise",
-                  "runtime": {"pid": point.get("pid"), "files": point.get("files", [])}}
-        with open(os.path.join(self.staging, "snapshot.json"), "w") as f:
-            f.write(json.dumps(record, indent=1) + "\n")
-        if os.path.lexists(self.snap) and not discard(self.snap):
-            raise RuntimeError(f"{self.snap} could not be replaced")
-        os.replace(self.staging, self.snap)
-        return record
+            raise RuntimeError(f"it could not be checkpointed: {blocked}")
+    if cpu_shares is not None:
+        checkpoint_config["linux"].setdefault("resources", {})["cpu"] = {"shares": int(cpu_shares)}
+    if CRIU_CONF_OK in tool_version([shutil.which("criu") or "criu", "--version"]):  # as edge-bundle snapshot
+        conf = os.path.join(staging, "criu.conf")
+        with open(conf, "w") as f:
+            f.write(site_criu_conf() + CRIU_CONF)
+        checkpoint_config["annotations"] = {**checkpoint_config.get("annotations", {}), "org.criu.config": conf}
+    with open(os.path.join(staging, "config.json"), "w") as f:
+        json.dump(checkpoint_config, f, indent=1)
+    marker = os.path.join(socket_dir or meta["socket_dir"], MARKER)
+    try:
+        os.unlink(marker)
+    except FileNotFoundError:
+        pass
+    since_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - 10**9  # mtime is a coarse clock
+    t0 = time.monotonic()
+    run_runc(["delete", "--force", cid], runc)
+    # The container's nice level is its own, whatever ours (a staging run's is 19): CRIU records it,
+    # and a restored runtime would keep it. Its share of the CPU is its cgroup's (cpu_shares).
+    proc = subprocess.Popen([runc, "run", "-d", "--bundle", staging, cid], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_nice_0 if os.getpriority(os.PRIO_PROCESS, 0) != 0 else None)
+    output = Output(proc.stdout, forward=False)  # a second boot's log would only confuse the journal
+    try:
+        status = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise RuntimeError("runc run -d did not return in 60 s") from None
+    if status != 0:
+        raise RuntimeError(f"runc run -d exited {status}: {output.tail()}")
+    container = Detached(runc, cid)
+    try:
+        while (point := _read_marker(marker, since_ns)) is None:
+            if aborted.is_set():
+                raise RuntimeError("stopped")
+            if container.poll() is not None:
+                raise RuntimeError(f"the container ended before its snapshot point: {output.tail()}")
+            if time.monotonic() - t0 > SNAPSHOT_POINT_TIMEOUT_S:
+                raise RuntimeError(f"no {MARKER} within {SNAPSHOT_POINT_TIMEOUT_S:g} s: {output.tail()}")
+            time.sleep(0.05)
+    finally:
+        container.close()
+    point_s = time.monotonic() - t0
+    t1 = time.monotonic()
+    r = run_runc(["checkpoint", "--image-path", images, "--file-locks", cid], runc, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"runc checkpoint exited {r.returncode}: {r.stderr.strip()[-500:]} "
+                           f"{log_tail(os.path.join(images, 'dump.log'), 1000)}")
+    checkpoint_s = time.monotonic() - t1
+    run_runc(["delete", "--force", cid], runc)
+    with open(os.path.join(staging, "config.json"), "w") as f:  # restores take the lock method from the images
+        json.dump(config, f, indent=1)
+    try:
+        os.unlink(os.path.join(staging, "criu.conf"))
+    except FileNotFoundError:
+        pass
+    sizes = {name: os.path.getsize(os.path.join(images, name)) for name in sorted(os.listdir(images))
+             if os.path.isfile(os.path.join(images, name))}
+    record = {"format": SNAPSHOT_FORMAT, "taken": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "dependencies": dependencies(bundle, meta, runc, shutil.which("criu") or "criu"),
+              "images": sizes, "image_bytes": sum(sizes.values()), "snapshot_point_s": round(point_s, 3),
+              "checkpoint_s": round(checkpoint_s, 3), "taken_by": taken_by,
+              "runtime": {"pid": point.get("pid"), "files": point.get("files", [])}}
+    with open(os.path.join(staging, "snapshot.json"), "w") as f:
+        f.write(json.dumps(record, indent=1) + "\n")
+    if os.path.lexists(snap) and not discard(snap):
+        raise RuntimeError(f"{snap} could not be replaced")
+    os.replace(staging, snap)
+    return record

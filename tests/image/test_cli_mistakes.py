@@ -307,7 +307,7 @@ def test_package_build_stops_cleanly(tmp_path, sig, code, word):
     out = tmp_path / "pkg"
     proc = subprocess.Popen([shutil.which("edge-package"), "build", "--out", str(out)], stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    seen = _stderr_until(proc, b"[3/7]", deadline_s=60)  # the staging directory exists from step 3
+    seen = _stderr_until(proc, b"] writing mappable weights", deadline_s=60)  # the staging directory exists from step 3
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".pkg.")], "no staging directory to clean"
     kids = descendants(proc.pid)
     rc, stdout, stderr = _stop(proc, sig, seen)

@@ -24,12 +24,33 @@ DOMAIN = [  # the pruning corpus: maintenance English
 
 
 def test_build_is_deterministic(minilm_package, tmp_path):
-    """A second build, through the CLI, is byte-identical (or the manifest says why not)."""
-    assert main(["build", "--out", str(tmp_path / "again")]) == 0
+    """A second build, through the CLI, is byte-identical (or the manifest says why not), its one
+    measured input, the fresh boots' budget, pinned to the first build's (image/fresh_boot.py)."""
+    fresh = json.loads((minilm_package / "manifest.json").read_text())["selftest"]["fresh_boot_budget_ms"]
+    pins = [a for engine, ms in sorted(fresh.items()) for a in ("--fresh-boot-budget-ms", f"{engine}={ms:g}")]
+    assert main(["build", "--out", str(tmp_path / "again"), *pins]) == 0
+    assert json.loads((tmp_path / "again" / "fresh_boot.json").read_text())["runs"] == {}  # pinned: no boot measured
     diff = compare_builds(minilm_package, tmp_path / "again")
     declared = json.loads((minilm_package / "manifest.json").read_text())["nondeterministic"]
     assert set(diff) - {"manifest.json"} <= set(declared), diff
     assert diff == {}, f"not byte-identical: {diff}"
+
+
+def test_fresh_boot_budget_is_measured_for_each_engine(minilm_package):
+    """selftest.fresh_boot_budget_ms: 3 x the slowest of the build's own fresh boots of each engine, on
+    the ladder, never under the boot budget; the runs beside the manifest, in no hash."""
+    from image.fresh_boot import RUNS, budget_ms
+
+    manifest = json.loads((minilm_package / "manifest.json").read_text())
+    report = json.loads((minilm_package / "fresh_boot.json").read_text())
+    fresh, floor = manifest["selftest"]["fresh_boot_budget_ms"], manifest["selftest"]["boot_budget_ms"]
+    assert sorted(fresh) == sorted(manifest["engines"]) == ["onnxruntime", "torchscript"]
+    for engine, ms in fresh.items():
+        runs = report["runs"][engine]
+        assert len(runs) == RUNS and all(0 < r < ms for r in runs), (engine, runs, ms)
+        assert ms == budget_ms(runs, floor) >= floor
+    assert "fresh_boot.json" not in manifest["files"]
+    print(f"\nfresh boots on this host (ms): {report['runs']}; fresh_boot_budget_ms: {fresh}")
 
 
 def test_build_refuses_to_replace_a_non_package(tmp_path):

@@ -25,7 +25,7 @@ from edge.update.install.cli import CRASH_POINTS
 from edge.update.install.installer import install, mark_good
 from edge.update.install.layout import DeviceLayout
 from support.archives import keygen
-from support.trial_machine import CRASH, SLOW_BOOT, Machine, nspawn_or_skip, variant_bundle
+from support.trial_machine import CRASH, Machine, fresh_budget_s, nspawn_or_skip, slow_boot, variant_bundle
 
 SOCKET_DIR = "/run/edge-test"  # inside the machine (its own /run): the same for every bundle, as on a device
 HEADER = "import json, os, subprocess, sys, time\nfrom trial_probe import *\n"
@@ -34,13 +34,14 @@ HEADER = "import json, os, subprocess, sys, time\nfrom trial_probe import *\n"
 @pytest.fixture(scope="module")
 def device_archives(ort_bundle, tmp_path_factory) -> dict:
     """Signed archives (zstd level 1, for speed) of bundle variants that differ in config.json:
-    v1 and v2 good, ``slow`` boots past the boot budget, ``crash`` exits at once; and bad ones."""
+    v1 and v2 good, ``slow`` boots past the boot budget (the fresh start's: these machines take no
+    snapshots), ``crash`` exits at once; and bad ones."""
     nspawn_or_skip()
     from image.archive.pack import pack_bundle
 
     work = tmp_path_factory.mktemp("trial-archives")
     keys = {"trusted": keygen(work / "trusted"), "stranger": keygen(work / "stranger")}
-    wraps = {"v1": None, "v2": None, "slow": SLOW_BOOT, "crash": CRASH}
+    wraps = {"v1": None, "v2": None, "slow": slow_boot(fresh_budget_s(ort_bundle) + 1.0), "crash": CRASH}
     out: dict = {"dir": work / "archives", "keys": keys, "digest": {}}
     out["dir"].mkdir()
     for tag, wrap in wraps.items():
@@ -101,7 +102,9 @@ finish()
     assert r["after"]["bundle_sha256"] == device_archives["digest"]["v2"]
     assert tree_digest(m.root / "opt/edge/slots/a") == slot_a  # the old slot, kept for a rollback
     events = [h["event"] for h in r["status"]["history"]]
-    assert events[-3:] == ["install", "try", "commit"], events
+    assert events[-4:] == ["install", "snapshot", "try", "commit"], events
+    # this machine's unit runs EDGE_SNAPSHOT=off: the install takes none, and says so
+    assert "--snapshot off" in r["status"]["slots"]["b"]["snapshot"]["detail"], r["status"]["slots"]["b"]
     gap = r["gap"]["max_gap_s"]
     with capsys.disabled():
         print(f"\n[update] install {r['install']['seconds']:.2f} s (verify, unpack, switch, restart to READY); "

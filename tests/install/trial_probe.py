@@ -17,15 +17,37 @@ BIN = os.path.dirname(sys.executable)
 RESULT: dict = {"unit": UNIT}
 
 
-def sh(*cmd: str, timeout: float = 300) -> dict:
+def sh(*cmd: str, timeout: float = 300, env: dict | None = None) -> dict:
     t0 = time.monotonic()
-    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
-    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr[-3000:],
+    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
+    return {"rc": r.returncode, "out": r.stdout, "err": r.stderr[-3000:], "started": t0,
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-def edge_bundle(*args: str, timeout: float = 300) -> dict:
-    return sh(f"{BIN}/edge-bundle", *args, timeout=timeout)
+def edge_bundle(*args: str, timeout: float = 300, env: dict | None = None) -> dict:
+    return sh(f"{BIN}/edge-bundle", *args, timeout=timeout, env=env)
+
+
+def selftest() -> dict:
+    """`edge selftest --json` against the live bundle, as the trial runs it (its report)."""
+    r = sh(f"{BIN}/edge", "selftest", "--json", "--connect", address(), "--timeout", "60")
+    try:
+        return {**json.loads(r["out"]), "rc": r["rc"]}
+    except ValueError:
+        return {"rc": r["rc"], "error": r["err"]}
+
+
+def supervisor_settled(timeout_s: float = 240.0) -> dict:
+    """edge-supervise's start record once its background snapshot, if any, has ended (the machine
+    is quiet again, so what is measured next is not that snapshot's work)."""
+    def settled():
+        try:
+            with open("/run/edge-supervise/start.json") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return record if record.get("snapshot") not in (None, "taking") else None
+    return wait_for(settled, timeout_s, 0.2) or {}
 
 
 def status() -> dict:
@@ -63,10 +85,14 @@ def serving(timeout_s: float = 60.0) -> dict:
         client = EdgeClient(address(), timeout_s=1.0)
         try:
             if client.health(timeout_s=1.0).get("ready"):
-                digest = client.stats(timeout_s=5.0)["lineage"]["bundle_sha256"]
+                stats = client.stats(timeout_s=5.0)
+                digest = stats["lineage"]["bundle_sha256"]
                 live = _live_digest()
                 if live is None or digest == live:
-                    return {"bundle_sha256": digest, "waited_s": round(timeout_s - (deadline - time.monotonic()), 3)}
+                    timeline = stats.get("timeline") or {}
+                    return {"bundle_sha256": digest, "start": timeline.get("start"),
+                            "exec_to_ready_ms": timeline.get("exec_to_ready_ms"),
+                            "waited_s": round(timeout_s - (deadline - time.monotonic()), 3)}
                 last = f"serving {digest[:12]} while the live slot holds {live[:12]}"
         except Exception as exc:  # noqa: BLE001 - not up yet: the socket, a timeout
             last = repr(exc)
@@ -101,7 +127,8 @@ def wait_health(word: str, timeout_s: float = 120.0) -> dict:
 
 class HealthPoller(threading.Thread):
     """``health`` every ``period_s`` with a fresh connection; the longest time between two ready
-    answers is the runtime's outage as a client sees it."""
+    answers is the runtime's outage as a client sees it. Each probe's send time, round trip and
+    answer are kept (``samples``) for the latency of a window (:meth:`latency`)."""
 
     def __init__(self, period_s: float = 0.02) -> None:
         super().__init__(daemon=True)
@@ -112,6 +139,7 @@ class HealthPoller(threading.Thread):
         self.period_s = period_s
         self.oks: list[float] = []
         self.fails = 0
+        self.samples: list[tuple[float, float, bool]] = []  # (monotonic at the send, seconds to the answer, ready)
         self.stopping = threading.Event()
 
     def _one(self, addr: str) -> bool:
@@ -128,11 +156,33 @@ class HealthPoller(threading.Thread):
     def run(self) -> None:
         addr = address()
         while not self.stopping.is_set():
-            if self._one(addr):
+            t0 = time.monotonic()
+            ok = self._one(addr)
+            self.samples.append((t0, time.monotonic() - t0, ok))
+            if ok:
                 self.oks.append(time.monotonic())
             else:
                 self.fails += 1
             time.sleep(self.period_s)
+
+    def longest_gap(self, since: float) -> tuple[float, float]:
+        """(the last ready answer before, the first after) the longest time without one, after ``since``
+        (monotonic): an update's outage, the old runtime's stop to the new one's first answer."""
+        oks = [t + d for t, d, ok in self.samples if ok and t + d >= since]
+        if len(oks) < 2:
+            return since, since
+        return max(zip(oks, oks[1:]), key=lambda ab: ab[1] - ab[0])
+
+    def latency(self, since: float, until: float) -> dict:
+        """The round trips of the probes sent in [since, until) (monotonic): n, failed, p50, p99, max (ms);
+        a probe that got no ready answer counts as its whole wait."""
+        window = [(d * 1000, ok) for t, d, ok in self.samples if since <= t < until]
+        times = sorted(ms for ms, _ in window)
+        if not times:
+            return {"n": 0}
+        pick = lambda q: round(times[min(len(times) - 1, int(q * len(times)))], 2)  # noqa: E731
+        return {"n": len(times), "failed": sum(not ok for _, ok in window), "p50_ms": pick(0.5),
+                "p99_ms": pick(0.99), "max_ms": round(times[-1], 2), "seconds": round(until - since, 3)}
 
     def stop(self) -> dict:
         self.stopping.set()

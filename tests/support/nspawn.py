@@ -93,13 +93,14 @@ def power_cut(proc: subprocess.Popen) -> None:
 
 
 def boot_to_poweroff(cmd: list[str], log_path: Path, timeout_s: float, *, kill_when: Callable[[], bool] | None = None,
-                     describe: Callable[[], str] = lambda: "") -> float | None:
+                     describe: Callable[[], str] = lambda: "", env: dict | None = None) -> float | None:
     """Run the machine until it powers off; its console in ``log_path``. Over ``timeout_s`` it is
     cut (AssertionError with ``describe()``). ``kill_when``: polled every 10 ms; once true, the
-    machine is cut and the seconds into the boot are returned (None when it powered off)."""
+    machine is cut and the seconds into the boot are returned (None when it powered off). ``env``:
+    nspawn's environment (None: this process's)."""
     with open(log_path, "w") as log:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             while proc.poll() is None:
                 if time.monotonic() - t0 > timeout_s:

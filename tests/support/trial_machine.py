@@ -32,7 +32,7 @@ from support.bundles import REPO, host_nofile
 from support.nspawn import UNITS, boot_to_poweroff, nspawn_command, nspawn_or_skip
 from support.supervisor import supervisor_file
 
-__all__ = ["Machine", "variant_bundle", "nspawn_or_skip", "SLOW_BOOT", "CRASH"]
+__all__ = ["Machine", "variant_bundle", "nspawn_or_skip", "slow_boot", "fresh_budget_s", "CRASH"]
 
 # What the scenarios import (``from trial_probe import *``): the probe unit's PYTHONPATH is its directory
 # alone, so nothing else of tests/ is importable in the machine (tests/image, tests/bench there would
@@ -40,12 +40,15 @@ __all__ = ["Machine", "variant_bundle", "nspawn_or_skip", "SLOW_BOOT", "CRASH"]
 PROBE = REPO / "tests" / "install" / "trial_probe.py"
 
 
-def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: list[str] | None = None) -> Path:
+def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: list[str] | None = None,
+                   criu_in_nspawn: bool = False) -> Path:
     """A bundle of its own made from ``src`` (its rootfs hard-linked, nothing copied): config.json
     with the open-files limit this host can grant, the socket directory ``socket_dir`` (a path in
     the machine's /run), ``EDGE_TEST_VARIANT=tag`` in the environment (two variants, two digests),
     and the runtime's argv behind ``wrap`` (a command that ends by exec'ing ``sys.argv[1:]``, or
-    fails); the digest recomputed, so the packer accepts it."""
+    fails); the digest recomputed, so the packer accepts it. ``criu_in_nspawn``: no cgroup
+    namespace and no /sys/fs/cgroup mount, which CRIU cannot follow in this sandbox's nested
+    cgroups (tests/bundle/test_bundle_snapshot_supervise.py, the nspawn test, says how it was found)."""
     out.mkdir(parents=True)
     subprocess.run(["cp", "-al", str(src / "rootfs"), str(out / "rootfs")], check=True)
     for name in os.listdir(src):
@@ -63,6 +66,9 @@ def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: lis
             m["source"] = STATE_DIR
     if wrap:
         proc["args"] = [proc["args"][0], *wrap, *proc["args"]]
+    if criu_in_nspawn:
+        config["linux"]["namespaces"] = [ns for ns in config["linux"]["namespaces"] if ns["type"] != "cgroup"]
+        config["mounts"] = [m for m in config["mounts"] if m["destination"] != "/sys/fs/cgroup"]
     proc["env"] = [f"EDGE_BUNDLE_SOCKET_DIR={socket_dir}" if e.startswith("EDGE_BUNDLE_SOCKET_DIR=") else e
                    for e in proc["env"] if not e.startswith(f"{ENV_NAME}=")] + [f"EDGE_TEST_VARIANT={tag}"]
     digest = bundle_digest(out / "rootfs", config)
@@ -75,7 +81,19 @@ def variant_bundle(src: Path, out: Path, *, socket_dir: str, tag: str, wrap: lis
 
 
 # A runtime that boots late (the boot budget check fails) and one that never boots.
-SLOW_BOOT = ["-c", "import os, sys, time; time.sleep(2.5); os.execv(sys.argv[1], sys.argv[1:])"]
+def slow_boot(seconds: float) -> list[str]:
+    """A wrap that sleeps ``seconds`` before the runtime's exec: its exec_to_ready counts them (one process)."""
+    return ["-c", f"import os, sys, time; time.sleep({seconds:.3f}); os.execv(sys.argv[1], sys.argv[1:])"]
+
+
+def fresh_budget_s(bundle: Path) -> float:
+    """The fresh start's budget (s) of ``bundle``'s engine, from its package's manifest (image/fresh_boot.py):
+    a start where no snapshot can be taken, as in these machines (EDGE_SNAPSHOT=off), is held to it."""
+    meta = json.loads((bundle / "edge-bundle.json").read_text())
+    manifest = json.loads((bundle / "rootfs/opt/edge/package/manifest.json").read_text())
+    return manifest["selftest"]["fresh_boot_budget_ms"][meta["engine"]] / 1000.0
+
+
 CRASH = ["-c", "import sys; print('edge test: this runtime fails at once', file=sys.stderr); sys.exit(3)"]
 
 
@@ -84,7 +102,8 @@ class Machine:
     the renamed units, and boots of it."""
 
     def __init__(self, workdir: Path, public_key: Path, *, archives: Path, sustain_s: float = 3.0,
-                 interval_s: float = 0.5, start_limit_burst: int | None = None) -> None:
+                 interval_s: float = 0.5, start_limit_burst: int | None = None, snapshots: bool = False,
+                 criu: bool = True) -> None:
         self.nspawn = nspawn_or_skip()
         self.unit = f"edge-t{uuid.uuid4().hex[:8]}"
         self.work = workdir
@@ -98,6 +117,9 @@ class Machine:
         self.out.mkdir()
         self.archives = archives  # /archives in the machine, read-only
         self.boots = 0
+        # Snapshots: the unit's EDGE_SNAPSHOT=auto, and CRIU able to work in the machine (see command()).
+        self.snapshots = snapshots
+        self.criu = criu  # False: the CRIU 4.1 of image/criu/build.sh hidden, leaving Debian's 3.17 (a device without one)
         self._write_units(sustain_s, interval_s, start_limit_burst)
 
     def _write_units(self, sustain_s: float, interval_s: float, burst: int | None) -> None:
@@ -113,7 +135,8 @@ class Machine:
             text = text.replace("/usr/local/lib/edge/edge-supervise", "/nsp/edge-supervise")
             text = text.replace("/usr/local/bin/edge-trial", trial)
             text = text.replace("EDGE_CONTAINER_ID=edge ", f"EDGE_CONTAINER_ID={self.unit} ")
-            text = text.replace("EDGE_SNAPSHOT=auto", "EDGE_SNAPSHOT=off")  # no CRIU work in these tests
+            if not self.snapshots:
+                text = text.replace("EDGE_SNAPSHOT=auto", "EDGE_SNAPSHOT=off")  # no CRIU work in these tests
             text = re.sub(r"--unit edge\b", f"--unit {self.unit}", text)
             text = text.replace("edge.service", f"{self.unit}.service")
             units[name.replace("edge", self.unit, 1)] = text
@@ -137,6 +160,12 @@ class Machine:
                 binds.append(f"--bind-ro={prefix}:{prefix}")
         binds += [f"--bind-ro={self.nsp / n}:{UNITS}/{n}" for n in self.unit_names]
         binds.append(f"--bind-ro={self.nsp / 'dropins'}:{UNITS}/{self.unit}.service.d")
+        if self.snapshots:  # CRIU in the machine: runc leaves cgroups to itself (see criu_in_nspawn), iptables
+            (self.nsp / "runc.conf").write_text("manage-cgroups=ignore\n")
+            binds += [f"--bind-ro={self.nsp / 'runc.conf'}:/etc/criu/runc.conf", "--bind-ro=/etc/alternatives"]
+        if not self.criu:
+            binds += [f"--bind-ro=/dev/null:{path}" for path in ("/usr/local/sbin/criu", "/usr/local/bin/criu")
+                      if os.path.exists(path)]
         probe = self.nsp / "probe.service"
         # Powers off however the scenario ends; the journal and its output are kept in /out.
         probe.write_text(f"[Unit]\nAfter=local-fs.target\n[Service]\nType=oneshot\nTimeoutStartSec=600\n"
@@ -159,11 +188,17 @@ class Machine:
         result = self.out / "result.json"
         for name in ("result.json", "probe.log", "journal.txt"):
             (self.out / name).unlink(missing_ok=True)
+        # With snapshots, two limits of nspawn that a device's systemd does not put on edge.service, each
+        # found by a failing CRIU (tests/bundle/test_bundle_snapshot_supervise.py): its seccomp filter (a
+        # tracer under seccomp may not suspend its tracee's) and a read-only /proc/sys (the restore of the
+        # container's UTS namespace).
+        env = {**os.environ, "SYSTEMD_SECCOMP": "0", "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "1"} if self.snapshots else None
         try:
             killed = boot_to_poweroff(self.command(scenario), self.work / f"boot-{self.boots}.log", timeout_s,
-                                      kill_when=kill_when, describe=self.log_tail)
+                                      kill_when=kill_when, describe=self.log_tail, env=env)
         finally:
-            subprocess.run(["runc", "delete", "--force", self.unit], capture_output=True)
+            for cid in (self.unit, f"{self.unit}-snapshot", f"{self.unit}-staging"):  # their state was on nspawn's /run
+                subprocess.run(["runc", "delete", "--force", cid], capture_output=True)
         if killed is not None:
             return {"killed": killed}
         assert result.exists(), f"boot {self.boots} left no result: {self.log_tail()}"

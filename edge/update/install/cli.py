@@ -7,6 +7,7 @@ so ``edge-bundle build`` does not pay for them.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -51,6 +52,10 @@ def add_parsers(sub) -> None:
     i.add_argument("--no-restart", action="store_true",
                    help="do not restart edge.service (also skipped when --root is not /)")
     _unit(i)
+    i.add_argument("--no-snapshot", action="store_true",
+                   help="take no snapshot of the new bundle before the switch (default: boot it to its snapshot "
+                        "point in a staging container while the old runtime serves, and checkpoint it, so that its "
+                        "first start restores; docs/update.md)")
     i.add_argument("--crash-at", choices=CRASH_POINTS, default=None, metavar="STEP",
                    help=f"tests only: SIGKILL the installer after STEP ({', '.join(CRASH_POINTS)})")
     i.add_argument("--assume-free", type=_bytes, default=None, metavar="BYTES",
@@ -106,14 +111,23 @@ def _install(args, layout) -> int:
     from edge.update.install.installer import install
 
     report = install(args.archive, layout, restart=not args.no_restart, crash_at=args.crash_at,
-                     assume_free=args.assume_free, unit=args.unit)
+                     assume_free=args.assume_free, unit=args.unit, snapshot=not args.no_snapshot)
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     m, st, t = report.manifest, report.stats, report.timings
     total = sum(v for k, v in t.items() if k != "restart")
+    snap = f", snapshot {t['snapshot']:.2f} s" if "snapshot" in t else ""
     _say(f"installed {args.archive.name} into slot {report.slot}: bundle {m.bundle_sha256[:12]} (edge {m.edge_version}, "
          f"{m.engine}), {st.files} files, {st.bytes / (1 << 20):.1f} MiB in {total:.2f} s "
-         f"(verify {t['verify']:.2f} s, unpack {t['unpack']:.2f} s, switch {t['switch']:.2f} s)")
+         f"(verify {t['verify']:.2f} s, unpack {t['unpack']:.2f} s{snap}, switch {t['switch']:.2f} s)")
+    staged = report.staged
+    if staged is not None:
+        _say(f"snapshot: {staged.detail}" if staged.taken else
+             f"snapshot: none, the first start is fresh: {staged.detail}")
+        _say("snapshot record: " + json.dumps(staged.as_dict(), sort_keys=True))
+    else:
+        _say("snapshot skipped (--no-snapshot)" if args.no_snapshot else
+             f"snapshot skipped (--root {args.root} is not this system's root)")
     back = f"; rollback goes to slot {report.previous}" if report.previous else ""
     _say(f"current -> slot {report.slot}, on trial{back}")
     _say(report.restart)

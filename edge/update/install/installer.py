@@ -14,9 +14,14 @@ install (docs/archive.md, "On the device"):
 6. ``replace_slot``: the staging directory renamed into the slot (the old content moved aside
    first, then removed: ``rename(2)`` cannot replace a non-empty directory); then the caches
    (snapshots) of bundles no slot holds any more are removed (cache.py);
-7. ``switch``: ``current`` renamed over by a new symlink to the slot;
-8. ``record``: the slot on trial in the state file;
-9. ``restart``: the new bundle's host directories made ready (edge/system/socket_dir.py, as
+   -- the old runtime serves on up to the switch --
+7. ``stage_snapshot`` (staging.py): the new bundle booted to its snapshot point in a staging
+   container and checkpointed into its cache, so that its first start restores; one that cannot
+   be taken is noted, and the install goes on (skipped with ``--no-snapshot``, and for a root
+   other than ``/``: a snapshot holds the paths it was taken at);
+8. ``switch``: ``current`` renamed over by a new symlink to the slot;
+9. ``record``: the slot on trial in the state file, with what became of its snapshot;
+10. ``restart``: the new bundle's host directories made ready (edge/system/socket_dir.py, as
    edge-supervise does at each start: a root ``edge serve``'s leftovers removed), resolved and
    checked again as ``check_host`` does; then ``systemctl daemon-reload`` (the unit's drop-in
    follows ``current``) and ``systemctl restart edge``; skipped with ``--no-restart`` or a root
@@ -48,7 +53,9 @@ from edge.update.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
 from edge.update.install.host_paths import MAX_META_BYTES, META, HostDirs, check_host, check_meta, host_dirs
 from edge.update.install.layout import DeviceLayout, SlotName
 from edge.update.install.slots import check_slot, install_target, recover
-from edge.update.install.state import (TRIAL_TRIES, InstallState, SlotRecord, Trial, TrialStatus, now, save_state)
+from edge.update.install.staging import Staged, journal, stage_snapshot
+from edge.update.install.state import (TRIAL_TRIES, InstallState, SlotRecord, SnapshotNote, Trial, TrialStatus, now,
+                                       save_state)
 from edge.update.install.unpack import UnpackStats, unpack
 from edge.system.socket_dir import SocketDirError, prepare_host_dirs, prepare_socket_dir
 
@@ -63,7 +70,7 @@ HOOK_LOCK_WAIT_S = 60.0  # the trial's hooks (edge-trial) wait longer: they act 
 
 class InstallReport:
     def __init__(self, slot: str, previous: str | None, manifest, stats: UnpackStats, timings: dict[str, float],
-                 restart: str, notes: list[str]) -> None:
+                 restart: str, notes: list[str], staged: Staged | None = None) -> None:
         self.slot = slot
         self.previous = previous
         self.manifest = manifest
@@ -71,6 +78,7 @@ class InstallReport:
         self.timings = timings  # stage -> seconds
         self.restart = restart  # what happened to the unit, in words
         self.notes = notes  # what recover found and fixed
+        self.staged = staged  # the snapshot before the switch; None: not tried (--no-snapshot)
 
 
 def _crash(crash_at: str | None, point: str) -> None:
@@ -142,17 +150,21 @@ def switch(layout: DeviceLayout, slot: str) -> None:
 
 
 def record(layout: DeviceLayout, state: InstallState, slot: SlotName, archive: Path, manifest, manifest_bytes: bytes,
-           live: SlotName | None) -> InstallState:
+           live: SlotName | None, staged: Staged | None = None) -> InstallState:
     st = state.model_copy(deep=True)
+    note = None if staged is None else SnapshotNote(taken=staged.taken, detail=staged.detail, at=now())
     st.slots[slot] = SlotRecord(bundle_sha256=manifest.bundle_sha256,
                                 manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(), key_id=manifest.key_id,
                                 edge_version=manifest.edge_version, engine=manifest.engine,
                                 package=manifest.package.name, archive=archive.name, installed=now(),
-                                unpacked_bytes=manifest.unpacked_bytes)
+                                unpacked_bytes=manifest.unpacked_bytes, snapshot=note)
     st.previous = live
     st.live = slot
     st.trial = Trial(status=TrialStatus.ON_TRIAL, slot=slot, tries=TRIAL_TRIES, tries_left=TRIAL_TRIES, since=now())
     st.add("install", slot, f"from {archive.name}; previous: {f'slot {live}' if live else 'none'}")
+    if staged is not None:
+        st.add("snapshot", slot, staged.detail if staged.taken else
+               f"none before the switch, so its first start is fresh: {staged.detail}")
     save_state(layout, st)
     return st
 
@@ -222,7 +234,7 @@ def restart_unit(layout: DeviceLayout, wanted: bool, *, block: bool = True, rese
 
 
 def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_at: str | None = None,
-            assume_free: int | None = None, unit: str = UNIT) -> InstallReport:
+            assume_free: int | None = None, unit: str = UNIT, snapshot: bool = True) -> InstallReport:
     timings: dict[str, float] = {}
     t = time.monotonic()
     with fmt.open_archive(archive) as reader:
@@ -251,10 +263,22 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
             replace_slot(layout, staging, slot)
             _crash(crash_at, "after-rename")
             notes += [f"removed {p}: the cache of a bundle no slot holds" for p in prune_caches(layout)]
+            timings["switch"] = time.monotonic() - t
+            staged = None
+            # The old runtime still serves: the new one is checkpointed beside it. Not for another root
+            # (a rootfs for flashing, a test's): a snapshot holds the paths it was taken at.
+            if snapshot and layout.is_system_root:
+                t = time.monotonic()
+                staged = stage_snapshot(layout, slot, unit)
+                timings["snapshot"] = time.monotonic() - t
+                journal(f"install of {archive.name} into slot {slot}: snapshot "
+                        + (staged.detail if staged.taken else f"not taken, the first start is fresh: {staged.detail}"),
+                        warning=not staged.taken)
+            t = time.monotonic()
             switch(layout, slot)
             _crash(crash_at, "after-switch")
-            record(layout, state, slot, archive, manifest, manifest_bytes, live)
-            timings["switch"] = time.monotonic() - t
+            record(layout, state, slot, archive, manifest, manifest_bytes, live, staged)
+            timings["switch"] += time.monotonic() - t
             _crash(crash_at, "after-state")
     t = time.monotonic()
     notes += [n for n in (prepare_sockets(layout),) if n]
@@ -262,7 +286,7 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
     # what earlier restarts left of it; the trial's tries (3) end a crash loop before it is spent.
     restarted = restart_unit(layout, restart, unit=unit, reset_failed=True)
     timings["restart"] = time.monotonic() - t
-    return InstallReport(slot, live, manifest, stats, timings, restarted, notes)
+    return InstallReport(slot, live, manifest, stats, timings, restarted, notes, staged)
 
 
 # ------------------------------------------------------------------ rollback, mark-good

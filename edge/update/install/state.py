@@ -24,14 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from edge.update.install.fsio import atomic_write
 from edge.update.install.layout import DeviceLayout, SlotName
 
-__all__ = ["STATE_FORMAT", "TRIAL_TRIES", "HISTORY_LIMIT", "SlotName", "TrialStatus", "SlotRecord", "Trial",
+__all__ = ["STATE_FORMAT", "TRIAL_TRIES", "HISTORY_LIMIT", "SlotName", "TrialStatus", "SnapshotNote", "SlotRecord", "Trial",
            "HistoryEntry", "InstallState", "StateError", "load_state", "save_state", "now"]
 
 STATE_FORMAT: Final = 1  # Final: the literal 1 to mypy, as InstallState.format wants
 TRIAL_TRIES = 3  # starts an update gets to pass its trial; the start after the last one rolls it back
 HISTORY_LIMIT = 50  # entries kept; the journal has the rest, and the file stays a few KiB
 
-HistoryEvent = Literal["install", "commit", "rollback", "recover", "try"]
+HistoryEvent = Literal["install", "snapshot", "commit", "rollback", "recover", "try"]
 
 
 def now() -> datetime:
@@ -48,6 +48,14 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SnapshotNote(_Model):
+    """The snapshot the install took of the slot's bundle before the switch (staging.py), or why none."""
+
+    taken: bool  # the bundle had a restorable snapshot when current was switched to it
+    detail: str  # how long it took, or why it could not be taken (no CRIU >= 4.1, the kernel, --snapshot off)
+    at: datetime
+
+
 class SlotRecord(_Model):
     """What a slot holds, copied from its signed manifest when it was filled."""
 
@@ -60,6 +68,7 @@ class SlotRecord(_Model):
     archive: str  # the file it was installed from (its name; "" when rebuilt from the slot)
     installed: datetime
     unpacked_bytes: int = Field(ge=0)  # bytes
+    snapshot: SnapshotNote | None = None  # None: not tried (--no-snapshot, a state rebuilt from the slots, older installers)
 
 
 class Trial(_Model):

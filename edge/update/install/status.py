@@ -88,9 +88,12 @@ def _slot_line(report: dict, name: str | None) -> str:
     rec = report["slots"].get(name)
     if rec is None:
         return f"slot {name}: empty"
+    snap = rec.get("snapshot")
+    said = "" if snap is None else (f"; snapshot {snap['detail']}" if snap["taken"] else
+                                    f"; no snapshot before the switch (first start fresh): {snap['detail']}")
     return (f"slot {name}: bundle {rec['bundle_sha256'][:12]} (edge {rec['edge_version']}, {rec['engine']}, "
             f"{rec['package'] or 'package ?'}, {rec['unpacked_bytes'] / (1 << 20):.1f} MiB), "
-            f"installed {rec['installed']}" + (f" from {rec['archive']}" if rec["archive"] else ""))
+            f"installed {rec['installed']}" + (f" from {rec['archive']}" if rec["archive"] else "") + said)
 
 
 def render_text(report: dict, history: int = 10) -> str:

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from edge.config.argtypes import number
-from edge.update.install.layout import DeviceLayout
+from edge.update.install.layout import SLOTS, DeviceLayout
 
 __all__ = ["EXIT", "needs_attention", "trial_slot", "pre_start", "watch", "on_failure", "main"]
 
@@ -132,6 +132,29 @@ def _bundle_target(layout: DeviceLayout) -> tuple[str, str]:
     return meta["address"], str(layout.current / PACKAGE_IN_BUNDLE)
 
 
+def install_verdict(layout: DeviceLayout, slot: str, address: str):
+    """What the install found about snapshots of ``slot``'s bundle (its record's ``snapshot``), as
+    ``edge selftest``'s verdict on whether one can be taken here; None when the install did not try
+    (``--no-snapshot``, an older installer, a state rebuilt from the slots): the start record says."""
+    from edge.commands.selftest import SnapshotVerdict, snapshot_verdict
+    from edge.update.install.state import StateError, load_state
+
+    try:
+        state = load_state(layout)
+    except (StateError, OSError):
+        return None
+    name = next((s for s in SLOTS if s == slot), None)  # the slot as its SlotName, or None if not one
+    rec = state.slots.get(name) if state is not None and name is not None else None
+    note = rec.snapshot if rec is not None else None
+    if note is None:
+        return None
+    if not note.taken:
+        return SnapshotVerdict(False, f"edge-bundle install could not take one before the switch: {note.detail}")
+    seen = snapshot_verdict(address)
+    return SnapshotVerdict(True, f"edge-bundle install took one before the switch ({note.detail}); "
+                                 f"the start record: {seen.why}")
+
+
 def watch(layout: DeviceLayout, *, sustain_s: float = SUSTAIN_S, interval_s: float = INTERVAL_S,
           ready_timeout_s: float = READY_TIMEOUT_S, unit: str = "edge") -> int:
     """Run the self-test until it has passed for ``sustain_s`` (commit) or a check fails (rollback)."""
@@ -145,12 +168,13 @@ def watch(layout: DeviceLayout, *, sustain_s: float = SUSTAIN_S, interval_s: flo
     from edge.commands.selftest import run_checks
 
     address, package = _bundle_target(layout)
+    snapshots = install_verdict(layout, slot, address)
     client = EdgeClient(address, timeout_s=ready_timeout_s)
     first_pass, runs = None, 0
     try:
         while True:
             timeout = ready_timeout_s if first_pass is None else max(2.0, interval_s)
-            report = run_checks(client, address, package, "the live slot's bundle", timeout)
+            report = run_checks(client, address, package, "the live slot's bundle", timeout, snapshots=snapshots)
             runs += 1
             if report.no_server:
                 _say(f"slot {slot}: no answer on {address} within {timeout:.0f} s; the unit's restarts take the "
