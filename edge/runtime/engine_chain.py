@@ -1,10 +1,15 @@
 """The engine's chain of boot stages, on threads beside the main thread's imports.
 
-Split in two at the device: :meth:`EngineChain.prepare` (hash the engine's files, import its
-library, choose the device) and the device stages (load the engine, prewarm the device, warm
-up every shape, preallocate). A boot that stops at the snapshot point on CUDA runs only the
-first part before the checkpoint, since no CUDA call may come before it (``edge/runtime/snapshot.py``),
-and the device stages after the restore, on the main thread (:meth:`EngineChain.finish`).
+Split in two at the device: :meth:`EngineChain.prepare` (import the engine's library, choose
+the device) and the device stages (load the engine, prewarm the device, warm up every shape,
+preallocate). A boot that stops at the snapshot point on CUDA runs only the first part before
+the checkpoint, since no CUDA call may come before it (``edge/runtime/snapshot.py``), and the
+device stages after the restore, on the main thread (:meth:`EngineChain.finish`).
+
+The hashes of the engine's files are checked on a thread of their own, beside the whole chain:
+the engine loads and warms while its files are still being hashed, and :meth:`EngineChain.result`,
+which the boot passes before it binds, waits for both and refuses the boot when a hash failed.
+No reply can come from weights whose hash has not matched: nothing binds before it has.
 """
 
 from __future__ import annotations
@@ -36,14 +41,21 @@ def verify_gpu_files(pkg, names: list[str]) -> None:
 class EngineChain:
     """The engine's stages, on threads beside the main thread's imports::
 
-        ┬─ verify_package ─┬─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate
-        └─ import_engine ──┘
+        ┬─ import_engine ─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate ─┬─ result()
+        └─ verify_package ─ (verify_gpu_files) ───────────────────────────────────────┘
 
     Everything heavy here runs without the GIL: hashlib over a mapping, ONNX Runtime's C
     calls through ctypes (library set-up, session creation, the warm-up batches), torch's
     kernels. The main thread's imports hold the GIL, so the chains share the cores instead
-    of queueing on one. Loading the library parses no package file, so it runs beside the
-    hashing; the session is created only once the hashes match.
+    of queueing on one.
+
+    The session does not wait for the hashes (about 90 MB of ``model.ort``: 70-140 ms here,
+    which put the whole warm-up behind them). It is created and warmed on the file as it is;
+    :meth:`result` joins the hashing and raises its error first, whatever the engine did (a
+    corrupt file is refused by name, even when the engine refused it too), and the boot binds
+    only after :meth:`result`. The chain stops between its stages once a hash has failed.
+    ONNX Runtime checks an ORT file's flatbuffer before reading it, so a corrupt file is an
+    error of ``load_engine``, not a crash.
 
     ``import torch`` is the exception: it holds the GIL for seconds, so the main thread
     runs it first and hands the library over (``MAIN_THREAD_IMPORT``); interleaved with the
@@ -67,12 +79,44 @@ class EngineChain:
         self.device: str | None = None
         self.warm: dict | None = None  # warm_buckets' record: its fastest_ms is the breaker's yardstick
         self.library = Handoff() if args.engine in self.MAIN_THREAD_IMPORT else None
+        self._verified: set[str] = set()  # the files a verify task hashes (or, with --verify size, would)
+        self._verifies: list[Task] = []
+        # The engine's thread first: it is the longer chain, and each thread started takes the
+        # GIL from its starter for a switch interval or two (5 ms each, under the main thread's
+        # imports): started after the hashing's, import_engine began 10-25 ms later here.
+        # Which files to hash depends on the device, known only once the library is loaded:
+        # "auto" starts with the CPU's and adds the GPU's if CUDA is chosen (:meth:`_resolve`).
+        from edge.engines.device import device_kind
+
+        cpu_files = pkg.engine_files(args.engine, device_kind(args.device))
+        self._verified.update(cpu_files)  # before the engine's thread can add the GPU's
         self._task = Task("engine", self._chain)
+        run = stages.run
+        self._verify(cpu_files, lambda names: run(verify_package, pkg, names, setting=VERIFY_SETTING, overlapped=True),
+                     force=True)
 
     @property
     def pending(self) -> bool:
         """The device stages are still to run (:meth:`finish`)."""
         return self.device is not None and self.engine is None
+
+    def _verify(self, names, stage, force: bool = False) -> None:
+        """``stage(names)`` (a verify stage) on a thread of its own, for the ``names`` not yet handed
+        to one, or (``force``) all of them."""
+        names = sorted(set(names) if force else set(names) - self._verified)
+        self._verified.update(names)
+        if names and self._args.verify == "full":
+            self._verifies.append(Task("verify", lambda: stage(names)))
+
+    def _unless_refused(self) -> None:
+        """Between the engine's stages: stop once a hash has failed (:meth:`result` reports it)."""
+        if any(t.error is not None for t in self._verifies):
+            raise _HashFailed()
+
+    def _join_verified(self) -> None:
+        """Wait for every hash; raise the first failure (a BootError of its stage, naming the file)."""
+        for task in list(self._verifies):
+            task.result()
 
     def _chain(self) -> None:
         self.device = self._prepare()
@@ -84,45 +128,34 @@ class EngineChain:
         if self.device == "auto":
             self.device = self._resolve(stages.run, "auto")
         assert self.device is not None  # the chain's first part chose it (pending)
-        self._device_stages(stages, self.device, overlapped=False)
+        try:
+            self._device_stages(stages, self.device, overlapped=False)
+        finally:
+            self._join_verified()  # a bad file is the error to report, even if the engine failed too
         return self.engine, self.shapes, self.buffers
 
     def _prepare(self) -> str:
-        """Hash the engine's files, import its library, choose the device; returns the device."""
-        run, args, pkg = self._stages.run, self._args, self._pkg
-        from edge.engines.device import device_kind
+        """Import the engine's library, choose the device; returns the device."""
+        run, args = self._stages.run, self._args
         from edge.engines import import_engine
 
-        # Hash the engine's files before any parser sees them: a corrupt file must be refused
-        # by name, not crash a native library. Which files depends on the device, known only
-        # once the library is loaded: "auto" starts with the CPU's and adds the GPU's if needed.
-        verified = set(pkg.engine_files(args.engine, device_kind(args.device)))
-        verify = None
-        if args.verify == "full":
-            verify = Task("verify", lambda: run(verify_package, pkg, sorted(verified), setting=VERIFY_SETTING,
-                                                overlapped=True))
-        try:
-            if self.library is not None:
-                backend = self.library.get()
-            else:
-                backend = run(import_engine, args.engine, setting="--engine", engine=args.engine, overlapped=True)
-        finally:
-            if verify is not None:
-                verify.result()  # a bad file is the error to report, even if the library failed too
-        self._backend, self._verified = backend, verified
+        if self.library is not None:
+            backend = self.library.get()
+        else:
+            backend = run(import_engine, args.engine, setting="--engine", engine=args.engine, overlapped=True)
+        self._backend = backend
         if self._stop_before_cuda and args.device == "auto" and args.engine != "onnxruntime":
             return "auto"  # torch.cuda.is_available() initializes CUDA: asked after the restore
         return self._resolve(run, args.device)
 
     def _resolve(self, run, requested: str) -> str:
-        """The device (``auto`` resolved), with the GPU-only files hashed once CUDA is chosen."""
+        """The device (``auto`` resolved); the GPU-only files handed to a verify task once CUDA is chosen."""
         from edge.engines.device import cuda_available, device_kind, resolve_device
 
-        args, pkg = self._args, self._pkg
-        device = resolve_device(requested, cuda_available(args.engine, self._backend))
-        extra = sorted(set(pkg.engine_files(args.engine, device_kind(device))) - self._verified)
-        if extra and args.verify == "full":
-            run(verify_gpu_files, pkg, extra, setting=VERIFY_SETTING, overlapped=True)
+        device = resolve_device(requested, cuda_available(self._args.engine, self._backend))
+        pkg = self._pkg
+        self._verify(pkg.engine_files(self._args.engine, device_kind(device)),
+                     lambda names: run(verify_gpu_files, pkg, names, setting=VERIFY_SETTING, overlapped=True))
         return device
 
     def _device_stages(self, stages: Stages, device: str, overlapped: bool = True) -> None:
@@ -133,12 +166,14 @@ class EngineChain:
         from edge.engines import load_engine
         from edge.serving.shapes import BatchShapes
 
+        self._unless_refused()
         engine = run(load_engine, pkg, args.engine, device, setting="--engine / --device", overlapped=overlapped)
         self.engine = engine
 
         manifest = pkg.manifest
         shapes = BatchShapes(manifest.serving, max_seq_length=manifest.max_seq_length,
                              kind=device_kind(engine.device))
+        self._unless_refused()
         run(warmup.prewarm_device, engine, args.cuda_reserve_mb, setting="--device / --cuda-reserve-mb",
             overlapped=overlapped)
         sample = manifest.serving.warm_sample_ids
@@ -151,14 +186,20 @@ class EngineChain:
         allocate = lambda: run(warmup.preallocate, shapes, engine,  # noqa: E731
                                setting="serving.max_batch_size in the package", overlapped=overlapped)
         buffers = None if native else allocate()
+        self._unless_refused()
         self.warm = run(warmup.warm_buckets, engine, shapes, sample, buffers, setting="serving.warm in the package",
             shapes=len(shapes.warm_shapes()), repeats=shapes.warm_repeats, overlapped=overlapped)
         self.buffers = allocate() if native else buffers
         self.shapes = shapes
 
     def result(self):
-        """(engine, shapes, buffers) once every stage is done; re-raises a failure as a BootError."""
+        """(engine, shapes, buffers) once every stage is done and every hash has matched; re-raises
+        a failure as a BootError, a hash's before the engine's."""
         try:
+            try:
+                self._task.join()
+            finally:
+                self._join_verified()  # a bad file is the error to report, even if the engine failed too
             self._task.result()
         except BaseException as exc:
             if isinstance(exc, BootError) and exc.stage:
@@ -177,7 +218,14 @@ class EngineChain:
         hide the error we report.
         """
         self._task.join(timeout_s)
+        for task in self._verifies:  # hashlib over a mapping: unmapped at exit under a live hash otherwise
+            task.join(timeout_s)
         if self.engine is not None and not self._task.is_alive():
             self.engine.close()
+
+
+class _HashFailed(Exception):
+    """A verify task failed while the engine's chain ran: it stops; :meth:`EngineChain.result`
+    raises the verify task's own error."""
 
 

@@ -165,6 +165,40 @@ def test_tampered_package_fails_boot_naming_stage_and_file(minilm_package, tmp_p
     assert "verify_package" in out and "model.ort" in out, out
 
 
+def test_package_tampered_after_the_engine_loaded_is_refused_ready_and_never_answers(minilm_package, tmp_path):
+    """The engine loads and warms beside the hash of its files: a file changed once the engine has
+    loaded it (and before its hash ended) fails the boot in verify_package, with no READY and no
+    reply from the engine that was loaded, even to a request sent before the boot ended."""
+    from support.pythonpath import child_env
+
+    pkg = _copy_package(minilm_package, tmp_path / "pkg")
+    wrap = [sys.executable, "-m", "support.tamper_after_load", "model.ort", "--"]
+    rt = start_runtime(tmp_path / "late", "--package", str(pkg), wrap=wrap, env=child_env())
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(rt.address)  # queued by ZeroMQ until a bind, which must never come
+        sock.send_multipart(P.encode_request("infer", {"texts": ["sent while the engine warmed up"]}))
+        code = rt.proc.wait(120)
+        assert not sock.poll(500), "a reply came from a package that failed its hash"
+    finally:
+        sock.close()
+        ctx.term()
+        rt.stop()
+    out = rt.output(tail=None)
+    assert code == 3, out
+    assert "READY=1" not in b"\n".join(rt.notices).decode()
+    failed = [json.loads(line) for line in out.splitlines() if '"boot.failed"' in line]
+    assert failed and failed[0]["stage"] == "verify_package", out
+    assert "model.ort" in failed[0]["error"] and failed[0]["code"] == ErrorCode.PACKAGE_HASH_MISMATCH, failed[0]
+    stages = {s["stage"]: s for s in failed[0]["timeline"]["stages"]}
+    # the engine had loaded from the file before its hash ended: the case this test is about
+    assert stages["load_engine"]["end_ms"] <= stages["verify_package"]["end_ms"], stages
+    assert "bind" not in stages and "start" not in stages, stages
+    assert not (tmp_path / "late" / "run" / "edge.sock").exists()
+
+
 def test_missing_package_fails_in_open_package(tmp_path):
     rt = start_runtime(tmp_path / "none", "--package", str(tmp_path / "does-not-exist"))
     code = rt.proc.wait(60)

@@ -1,0 +1,144 @@
+"""The engine's chain (edge/runtime/engine_chain.py) with a fake package and engine: the engine loads
+beside the hashing of its files, and a failed hash is the boot's error whatever the engine did."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+
+import edge.engines
+from edge.errors import BootError, EngineError, ErrorCode, PackageError
+from edge.preload.serving_settings import ServingSettings
+from edge.runtime.engine_chain import EngineChain
+from edge.runtime.stages import Handoff, Stages
+from edge.runtime.timeline import Timeline
+
+HASH_WAIT_S = 10.0  # the fake hash waits at most this long for its go
+
+
+class FakeEngine:
+    name = "onnxruntime"
+    device = "cpu"
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.closed = False
+
+    def warm_run(self, batch: int, tokens: int, ids: list[int]) -> bool:
+        self.runs += 1
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakePackage:
+    """``verify_files`` waits for ``go`` (the test decides when the hash ends), then fails or passes."""
+
+    def __init__(self, bad: bool) -> None:
+        self.bad = bad
+        self.go = threading.Event()
+        self.hashed: list[list[str]] = []
+        serving = ServingSettings.model_validate({"buckets": [16, 32], "warm_sample_ids": [101, 7, 102]})
+        self.manifest = types.SimpleNamespace(serving=serving, max_seq_length=32)
+
+    def engine_files(self, engine: str, device: str = "cpu") -> list[str]:
+        return ["model.ort"]
+
+    def verify_files(self, names) -> None:
+        assert self.go.wait(HASH_WAIT_S)
+        self.hashed.append(list(names))
+        if self.bad:
+            raise PackageError("model.ort: sha256 differs (tampered)", ErrorCode.PACKAGE_HASH_MISMATCH, file="model.ort")
+
+
+def _chain(monkeypatch, pkg: FakePackage, load, verify: str = "full"):
+    library = types.SimpleNamespace(available_providers=lambda: ["CPUExecutionProvider"])
+    monkeypatch.setattr(edge.engines, "import_engine", lambda name: library)
+    monkeypatch.setattr(edge.engines, "load_engine", load)
+    args = types.SimpleNamespace(engine="onnxruntime", device="cpu", verify=verify, cuda_reserve_mb=0)
+    timeline = Timeline(exec_s=0.0)
+    return EngineChain(Stages(timeline), args, pkg, Handoff()), timeline
+
+
+def _stages(timeline: Timeline) -> dict[str, dict]:
+    return {s["stage"]: s for s in timeline.as_dict()["stages"]}
+
+
+def test_the_engine_loads_and_warms_while_its_files_are_hashed(monkeypatch):
+    pkg = FakePackage(bad=False)
+    engine = FakeEngine()
+
+    def load_engine(p, name, device):
+        assert not pkg.hashed  # the hash has not ended: the load did not wait for it
+        return engine
+
+    chain, timeline = _chain(monkeypatch, pkg, load_engine)
+    chain._task.join(HASH_WAIT_S)  # the engine's whole chain ends with the hash still waiting
+    assert not chain._task.is_alive() and engine.runs == 2 and not pkg.hashed
+    pkg.go.set()
+    assert chain.result()[0] is engine
+    assert pkg.hashed == [["model.ort"]]
+    stages = _stages(timeline)
+    assert stages["warm_buckets"]["end_ms"] <= stages["verify_package"]["end_ms"]
+    assert stages["verify_package"]["overlapped"] is True
+
+
+def test_a_failed_hash_is_the_error_even_after_the_engine_warmed(monkeypatch):
+    pkg = FakePackage(bad=True)
+    engine = FakeEngine()
+    chain, _ = _chain(monkeypatch, pkg, lambda p, name, device: engine)
+    chain._task.join(HASH_WAIT_S)
+    assert engine.runs == 2
+    pkg.go.set()
+    with pytest.raises(BootError) as err:
+        chain.result()
+    assert err.value.stage == "verify_package" and err.value.code == ErrorCode.PACKAGE_HASH_MISMATCH
+    assert "model.ort" in str(err.value)
+
+
+def test_a_failed_hash_wins_over_the_engine_refusing_the_same_file(monkeypatch):
+    pkg = FakePackage(bad=True)
+
+    def load_engine(p, name, device):
+        raise EngineError("ONNX Runtime refused model.ort", ErrorCode.ENGINE_LOAD_FAILED, stage="load_engine")
+
+    chain, _ = _chain(monkeypatch, pkg, load_engine)
+    chain._task.join(HASH_WAIT_S)
+    pkg.go.set()
+    with pytest.raises(BootError) as err:
+        chain.result()
+    assert err.value.stage == "verify_package", err.value
+
+
+def test_the_chain_stops_before_its_next_stage_once_a_hash_failed(monkeypatch):
+    pkg = FakePackage(bad=True)
+    pkg.go.set()  # the hash ends (and fails) before the engine is loaded
+    loaded = threading.Event()
+    engine = FakeEngine()
+
+    started = threading.Event()
+
+    def load_engine(p, name, device):
+        assert started.wait(HASH_WAIT_S)
+        chain._verifies[0].join(HASH_WAIT_S)  # the hash's thread ends, its error recorded, first
+        loaded.set()
+        return engine
+
+    chain, timeline = _chain(monkeypatch, pkg, load_engine)
+    started.set()
+    with pytest.raises(BootError) as err:
+        chain.result()
+    assert err.value.stage == "verify_package"
+    assert loaded.is_set() and engine.runs == 0  # no warm-up on a file known to be bad
+    assert "warm_buckets" not in _stages(timeline)
+
+
+def test_verify_size_hashes_nothing(monkeypatch):
+    pkg = FakePackage(bad=True)
+    engine = FakeEngine()
+    chain, timeline = _chain(monkeypatch, pkg, lambda p, name, device: engine, verify="size")
+    assert chain.result()[0] is engine
+    assert not pkg.hashed and "verify_package" not in _stages(timeline)
