@@ -31,12 +31,11 @@ import time
 _MODULE_BOOTTIME_S = time.clock_gettime(time.CLOCK_BOOTTIME)
 
 import importlib
-import json
 import os
 import signal
 import sys
 import threading
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain
 from edge.errors import BootError
@@ -44,6 +43,14 @@ from edge.system.notify import notify
 from edge.runtime.serve_args import parse_serve_args
 from edge.runtime.stages import Handoff, Stages
 from edge.runtime.timeline import Timeline
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# When edge.boot's own imports were done: the end of the "boot_imports" stage. They are what the
+# command line and the engine's thread need; json and pathlib (10-15 ms with re) come with the
+# manifest's reader, while the engine's library loads beside it.
+_IMPORTED_BOOTTIME_S = time.clock_gettime(time.CLOCK_BOOTTIME)
 
 __all__ = ["main", "boot", "serve"]
 
@@ -113,25 +120,31 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
     came there."""
     stages = Stages(timeline)
     timeline.add("interpreter", 0.0, timeline.ms_at(_MODULE_BOOTTIME_S))
+    # The module-level imports above: no function runs them, the stage is named as edge-coldstart names it.
+    timeline.add("boot_imports", timeline.ms_at(_MODULE_BOOTTIME_S), timeline.ms_at(_IMPORTED_BOOTTIME_S))
     if getattr(args, "metrics_textfile", None) or getattr(args, "metrics_listen", None):
         from edge.observability.metrics.publish import check_metrics_export  # stdlib only: prometheus_client comes after READY
 
         stages.run(check_metrics_export, args, setting="--metrics-textfile DIR, --metrics-listen HOST:PORT")
-    manifest_mod = stages.run(import_manifest, setting="reinstall edge")
-    if args.package:
-        package_dir = Path(args.package)
-    else:  # a device ships its package; a build host's `edge serve` builds this one first
-        from edge.runtime.default_package import default_package_dir
-
-        package_dir = default_package_dir()
-    # Only this engine's files: a bundle's package holds no other's (image/bundle/package_copy.py).
-    pkg = stages.run(manifest_mod.open_package, package_dir, "size", args.engine,
-                     setting="--package DIR (on a build host, `edge serve` without it builds the default package)")
-    stages.run(select_engine, pkg, args.engine, setting="--engine (one the package was built for)")
-    manifest = pkg.manifest
     tokenizer_handoff = Handoff()
-    chain = EngineChain(stages, args, pkg, tokenizer_handoff, stop_before_cuda=args.snapshot_point)
+    # The engine's thread starts first: its library needs no package file (edge/runtime/engine_chain.py).
+    chain = EngineChain(stages, args, tokenizer_handoff, stop_before_cuda=args.snapshot_point)
     try:
+        manifest_mod = stages.run(import_manifest, setting="reinstall edge")
+        from pathlib import Path  # imported by the manifest's reader already
+
+        if args.package:
+            package_dir = Path(args.package)
+        else:  # a device ships its package; a build host's `edge serve` builds this one first
+            from edge.runtime.default_package import default_package_dir
+
+            package_dir = default_package_dir()
+        # Only this engine's files: a bundle's package holds no other's (image/bundle/package_copy.py).
+        pkg = stages.run(manifest_mod.open_package, package_dir, "size", args.engine,
+                         setting="--package DIR (on a build host, `edge serve` without it builds the default package)")
+        stages.run(select_engine, pkg, args.engine, setting="--engine (one the package was built for)")
+        manifest = pkg.manifest
+        chain.open(pkg)
         if chain.library is not None:
             from edge.engines import import_engine
 
@@ -146,8 +159,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         stages.run(prepare_tokenizer, tokenizer, setting="--package DIR (its tokenizer file)")
     except BaseException:
         tokenizer_handoff.cancel()
-        if chain.library is not None:
-            chain.library.cancel()
+        chain.cancel()
         chain.settle()
         raise
     from edge.system.log import configure
@@ -237,6 +249,8 @@ def _bind_setting(bind: str) -> str:
 
 
 def _timeline_path(args, bind: str) -> Path:
+    from pathlib import Path
+
     if args.timeline:
         return Path(args.timeline)
     if bind.startswith("ipc://"):
@@ -248,6 +262,7 @@ def _write_timeline(path: Path, record: dict) -> None:
     """Write ``record`` to ``path`` atomically, following no link a local user may have planted:
     the data goes to a new file (O_EXCL: never an existing name or symlink), which a rename puts
     in place (a rename replaces a link at ``path``, it does not write through it)."""
+    import json
     import tempfile
 
     from edge.system.log import log
@@ -318,7 +333,9 @@ def _stop_journal(server, timeout_s: float = 3.0) -> None:
         log("journal.stop_timeout", level="warning", queued=server.journal.info()["queued"], timeout_s=timeout_s)
 
 
-def serve(args) -> int:
+def serve(args, parsed_s: tuple[float, float] | None = None) -> int:
+    """Boot, announce READY, serve until a stop signal. ``parsed_s``: when :func:`main` parsed the
+    command line (CLOCK_BOOTTIME, s: start and end), for the timeline."""
     _quiet_numpy_blas(args.engine)
     _, open_files = _raise_open_files_limit()
     if open_files < 4096:  # the cap then cannot leave libzmq all the room it may take (connection_cap)
@@ -327,6 +344,8 @@ def serve(args) -> int:
         log("boot.open_files_low", level="warning", limit=open_files,
             advice="raise the hard RLIMIT_NOFILE (LimitNOFILE=, the bundle's rlimits) to 4096 or more")
     timeline = Timeline()
+    if parsed_s is not None:
+        timeline.add(parse_serve_args.__name__, timeline.ms_at(parsed_s[0]), timeline.ms_at(parsed_s[1]))
     stop = threading.Event()
     # Installed before boot so a signal during boot still ends us cleanly. SIGHUP (a closed
     # terminal, a careless `kill -HUP`) drains like the others instead of killing us mid-request.
@@ -388,7 +407,9 @@ def serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return serve(parse_serve_args(argv))
+    start = time.clock_gettime(time.CLOCK_BOOTTIME)
+    args = parse_serve_args(argv)  # argparse and the EDGE_* variables: 3-5 ms here
+    return serve(args, (start, time.clock_gettime(time.CLOCK_BOOTTIME)))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ def _chain(monkeypatch, pkg: FakePackage, load, verify: str = "full"):
     monkeypatch.setattr(edge.engines, "load_engine", load)
     args = types.SimpleNamespace(engine="onnxruntime", device="cpu", verify=verify, cuda_reserve_mb=0)
     timeline = Timeline(exec_s=0.0)
-    return EngineChain(Stages(timeline), args, pkg, Handoff()), timeline
+    chain = EngineChain(Stages(timeline), args, Handoff())
+    chain.open(pkg)
+    return chain, timeline
 
 
 def _stages(timeline: Timeline) -> dict[str, dict]:
@@ -134,6 +136,16 @@ def test_the_chain_stops_before_its_next_stage_once_a_hash_failed(monkeypatch):
     assert err.value.stage == "verify_package"
     assert loaded.is_set() and engine.runs == 0  # no warm-up on a file known to be bad
     assert "warm_buckets" not in _stages(timeline)
+
+
+def test_a_package_that_never_comes_ends_the_chain(monkeypatch):
+    """The main thread failed before the package was open (open_package, select_engine): cancel()."""
+    monkeypatch.setattr(edge.engines, "import_engine", lambda name: types.SimpleNamespace())
+    args = types.SimpleNamespace(engine="onnxruntime", device="cpu", verify="full", cuda_reserve_mb=0)
+    chain = EngineChain(Stages(Timeline(exec_s=0.0)), args, Handoff())
+    chain.cancel()
+    chain.settle(HASH_WAIT_S)
+    assert not chain._task.is_alive() and chain.engine is None and not chain._verifies
 
 
 def test_verify_size_hashes_nothing(monkeypatch):

@@ -68,32 +68,50 @@ class EngineChain:
 
     MAIN_THREAD_IMPORT = frozenset({"torchscript"})
 
-    def __init__(self, stages: Stages, args, pkg, tokenizer: Handoff, *, stop_before_cuda: bool = False) -> None:
-        """``stop_before_cuda``: on a CUDA device, end the chain before its first CUDA call
-        (the snapshot point); :meth:`finish` runs the device stages later."""
-        self._stages, self._args, self._pkg, self._tokenizer = stages, args, pkg, tokenizer
+    def __init__(self, stages: Stages, args, tokenizer: Handoff, *, stop_before_cuda: bool = False) -> None:
+        """Starts the engine's thread, which imports the library at once; the package comes
+        later (:meth:`open`). ``stop_before_cuda``: on a CUDA device, end the chain before its
+        first CUDA call (the snapshot point); :meth:`finish` runs the device stages later."""
+        self._stages, self._args, self._tokenizer = stages, args, tokenizer
         self._stop_before_cuda = stop_before_cuda
+        self._pkg = None
         self.engine: Engine | None = None
         self.buffers: dict | None = None
         self.shapes: BatchShapes | None = None
         self.device: str | None = None
         self.warm: dict | None = None  # warm_buckets' record: its fastest_ms is the breaker's yardstick
         self.library = Handoff() if args.engine in self.MAIN_THREAD_IMPORT else None
+        self.package = Handoff()  # the opened package, from the main thread (:meth:`open`)
         self._verified: set[str] = set()  # the files a verify task hashes (or, with --verify size, would)
         self._verifies: list[Task] = []
-        # The engine's thread first: it is the longer chain, and each thread started takes the
-        # GIL from its starter for a switch interval or two (5 ms each, under the main thread's
-        # imports): started after the hashing's, import_engine began 10-25 ms later here.
-        # Which files to hash depends on the device, known only once the library is loaded:
-        # "auto" starts with the CPU's and adds the GPU's if CUDA is chosen (:meth:`_resolve`).
+        # Started before the package is read: loading the library needs no package file, so it
+        # runs beside the manifest's import, its reading and its checks (5-15 ms here).
+        self._task = Task("engine", self._chain)
+
+    def open(self, pkg) -> None:
+        """Hand the opened package over, and start hashing the files the engine maps.
+
+        The hashing's thread starts after the engine's: each thread started takes the GIL from
+        its starter for a switch interval or two (5 ms each, under the main thread's imports),
+        and started before it, import_engine began 10-25 ms later here. Which files to hash
+        depends on the device, known only once the library is loaded: "auto" starts with the
+        CPU's and adds the GPU's if CUDA is chosen (:meth:`_resolve`).
+        """
         from edge.engines.device import device_kind
 
-        cpu_files = pkg.engine_files(args.engine, device_kind(args.device))
+        self._pkg = pkg
+        cpu_files = pkg.engine_files(self._args.engine, device_kind(self._args.device))
         self._verified.update(cpu_files)  # before the engine's thread can add the GPU's
-        self._task = Task("engine", self._chain)
-        run = stages.run
+        self.package.put(pkg)
+        run = self._stages.run
         self._verify(cpu_files, lambda names: run(verify_package, pkg, names, setting=VERIFY_SETTING, overlapped=True),
                      force=True)
+
+    def cancel(self) -> None:
+        """After a main-thread failure: the handoffs the engine's thread may wait on will not come."""
+        self.package.cancel()
+        if self.library is not None:
+            self.library.cancel()
 
     @property
     def pending(self) -> bool:
@@ -144,6 +162,7 @@ class EngineChain:
         else:
             backend = run(import_engine, args.engine, setting="--engine", engine=args.engine, overlapped=True)
         self._backend = backend
+        self.package.get()  # opened and checked by the main thread: the rest reads it
         if self._stop_before_cuda and args.device == "auto" and args.engine != "onnxruntime":
             return "auto"  # torch.cuda.is_available() initializes CUDA: asked after the restore
         return self._resolve(run, args.device)
