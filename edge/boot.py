@@ -37,7 +37,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain
+from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain, verified_by
 from edge.errors import BootError
 from edge.system.notify import notify
 from edge.runtime.serve_args import parse_serve_args
@@ -69,8 +69,9 @@ def select_engine(pkg, engine: str) -> list[str]:
     return pkg.engine_files(engine)
 
 
-def verify_tokenizer(pkg) -> None:
-    pkg.verify_files([pkg.manifest.tokenizer])
+def verify_tokenizer(pkg) -> dict[str, str]:
+    """The tokenizer file against the manifest, before it is opened (as ``verify_package``)."""
+    return pkg.verify_files([pkg.manifest.tokenizer])
 
 
 def import_tokenizer():
@@ -151,7 +152,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
             chain.library.put(stages.run(import_engine, args.engine, setting="--engine", engine=args.engine))
         load_tokenizer = stages.run(import_tokenizer, setting="reinstall edge (numpy, flatbuffers)")
         if args.verify == "full":
-            stages.run(verify_tokenizer, pkg, setting=VERIFY_SETTING)
+            stages.run(verify_tokenizer, pkg, setting=VERIFY_SETTING, note=verified_by)
         tokenizer = stages.run(load_tokenizer, pkg.path(manifest.tokenizer), setting="--package DIR (its tokenizer file)")
         tokenizer_handoff.put(tokenizer)
         # zmq, msgpack, logging and the protocol load while the engine thread warms up.

@@ -117,7 +117,6 @@ def test_a_failed_hash_wins_over_the_engine_refusing_the_same_file(monkeypatch):
 
 def test_the_chain_stops_before_its_next_stage_once_a_hash_failed(monkeypatch):
     pkg = FakePackage(bad=True)
-    pkg.go.set()  # the hash ends (and fails) before the engine is loaded
     loaded = threading.Event()
     engine = FakeEngine()
 
@@ -125,7 +124,8 @@ def test_the_chain_stops_before_its_next_stage_once_a_hash_failed(monkeypatch):
 
     def load_engine(p, name, device):
         assert started.wait(HASH_WAIT_S)
-        chain._verifies[0].join(HASH_WAIT_S)  # the hash's thread ends, its error recorded, first
+        pkg.go.set()  # the hash ends, and fails, while the engine loads
+        chain._verifies[0].join(HASH_WAIT_S)  # its thread ends, its error recorded
         loaded.set()
         return engine
 

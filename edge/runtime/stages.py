@@ -21,14 +21,18 @@ class Stages:
     def __init__(self, timeline: Timeline) -> None:
         self.timeline = timeline
 
-    def run(self, fn, *args, setting, **info):
+    def run(self, fn, *args, setting, note=None, **info):
         """``fn(*args)`` as the stage ``fn.__name__``; ``setting`` names what to change if it fails:
         a string, or a function that returns it, called only then (a text that costs a stat or an
-        import is paid by a failed boot alone)."""
+        import is paid by a failed boot alone). ``note``: a function of ``fn``'s result whose dict
+        is added to the stage's entry (what the stage found, e.g. how a file was checked)."""
         name = fn.__name__
         try:
-            with self.timeline.stage(name, **info):
-                return fn(*args)
+            with self.timeline.stage(name, **info) as entry:
+                result = fn(*args)
+                if note is not None:
+                    entry.update(note(result))
+                return result
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise

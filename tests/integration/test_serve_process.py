@@ -91,6 +91,18 @@ def test_timeline_is_logged_and_written(ort_runtime):
     assert len(ready) == 1 and ready[0]["stages"] == record["stages"]
 
 
+def test_timeline_says_how_each_file_was_checked(ort_runtime, minilm_package):
+    """fs-verity's measured digest where this machine has it on the package's files, else sha256
+    (here: no CONFIG_FS_VERITY), named per file in the verify stages."""
+    from edge.preload.verity import measure
+
+    record = json.loads((ort_runtime.workdir / "timeline.json").read_text())
+    stages = {s["stage"]: s for s in record["stages"]}
+    expect = lambda name: "fsverity" if measure(minilm_package / name) else "sha256"  # noqa: E731
+    assert stages["verify_package"]["verified_by"] == {"model.ort": expect("model.ort")}, stages["verify_package"]
+    assert stages["verify_tokenizer"]["verified_by"] == {"tokenizer.fb": expect("tokenizer.fb")}
+
+
 def test_drain_on_sigterm_answers_every_request_once(minilm_package, tmp_path):
     rt = start_runtime(tmp_path / "drain", "--package", str(minilm_package), "--drain-timeout", "20")
     try:

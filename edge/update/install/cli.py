@@ -113,7 +113,8 @@ def _install(args, layout) -> int:
     total = sum(v for k, v in t.items() if k != "restart")
     _say(f"installed {args.archive.name} into slot {report.slot}: bundle {m.bundle_sha256[:12]} (edge {m.edge_version}, "
          f"{m.engine}), {st.files} files, {st.bytes / (1 << 20):.1f} MiB in {total:.2f} s "
-         f"(verify {t['verify']:.2f} s, unpack {t['unpack']:.2f} s, switch {t['switch']:.2f} s)")
+         f"(verify {t['verify']:.2f} s, unpack {t['unpack']:.2f} s, fs-verity {t['fsverity']:.2f} s, "
+         f"switch {t['switch']:.2f} s)")
     back = f"; rollback goes to slot {report.previous}" if report.previous else ""
     _say(f"current -> slot {report.slot}, on trial{back}")
     _say(report.restart)
