@@ -2,19 +2,19 @@
 
 The stages, each named in the timeline after the function it runs (grep the name)::
 
-    main:    interpreter ─ import_manifest ─ open_package ─ select_engine ─┬─ import_tokenizer ─ verify_tokenizer ─ load_tokenizer ─ import_server ─ prepare_tokenizer ─┬─ bind ─ start ─ READY
-    engine:                                                                ├─ import_engine ─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate ───────────────────┤
-    verify:                                                                └─ verify_package ─ (verify_gpu_files) ─────────────────────────────────────────────────────────┘
+    main:    interpreter ─ boot_imports ─ parse_serve_args ─┬─ import_manifest ─ open_package ─ select_engine ─ import_tokenizer ─ verify_tokenizer ─ load_tokenizer ─ import_server ─ prepare_tokenizer ─ verify_package ─┬─ bind ─ start ─ READY
+    engine:                                                 └─ import_engine ─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate ──────────────────────────────────────────────────────────────────────────┘
 
 The main thread's work is importing Python modules, which holds the GIL. The engine
-threads' is hashing, ONNX Runtime's C calls and torch's kernels, which release it; so the
-two overlap instead of queueing (:class:`EngineChain`). With the TorchScript engine
-``import_engine`` (``import torch``, seconds of GIL) runs on the main thread, first.
-``verify_package`` hashes the files the engine maps on a thread of its own while the engine
-loads and warms on them; the boot binds only once every hash has matched, so no reply comes
-from a file that failed (``EngineChain.result``). The tokenizer file is hashed before it is
-opened. With a ``--metrics-*`` flag, ``check_metrics_export`` runs first; the exporter itself
-starts after READY.
+thread's is ONNX Runtime's C calls and torch's kernels, which release it; so the two overlap
+instead of queueing (:class:`EngineChain`). With the TorchScript engine ``import_engine``
+(``import torch``, seconds of GIL) runs on the main thread, first. ``verify_package`` hashes
+the files the engine maps (hashlib releases the GIL too) while the engine loads and warms on
+them, on whichever thread is free first (the main thread, its imports done, or the engine's,
+its warm-up done); the boot binds only once every hash has matched, so no reply comes from a
+file that failed (``EngineChain.result``). The tokenizer file is hashed before it is opened.
+With a ``--metrics-*`` flag, ``check_metrics_export`` runs first; the exporter itself starts
+after READY.
 
 Each stage's start and end (ms since exec) go into the timeline, which is logged as one
 JSON line, written to a file and returned by ``stats``. A stage that fails exits non-zero
@@ -158,6 +158,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         # zmq, msgpack, logging and the protocol load while the engine thread warms up.
         server_mod = stages.run(import_server, setting="reinstall edge (pyzmq, msgpack)")
         stages.run(prepare_tokenizer, tokenizer, setting="--package DIR (its tokenizer file)")
+        chain.verify_here()
     except BaseException:
         tokenizer_handoff.cancel()
         chain.cancel()

@@ -65,6 +65,7 @@ def test_a_real_timeline_greps_to_code(ort_runtime):
     first_boot_stage = ordered[3]["start_ms"]
     covered = ordered[2]["end_ms"]
     assert ordered[0]["end_ms"] == ordered[1]["start_ms"] and ordered[1]["end_ms"] <= ordered[2]["start_ms"]
-    assert first_boot_stage - covered < 5.0, ordered[:5]  # ms: serve()'s set-up (rlimit, signals), no more
+    # ms: serve()'s set-up (rlimit, signals), 0.4-3 ms here; the 60 ms the issue found had no stage
+    assert first_boot_stage - covered < 15.0, ordered[:5]
     for name in stages - NOT_A_FUNCTION:
         assert definitions(name), f"timeline stage {name!r}: no `def {name}(` in edge/"
