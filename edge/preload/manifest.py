@@ -9,6 +9,11 @@ but only the files of the bundle's engine; ``open_package(..., engine=E)`` check
 Identity: ``model_sha256`` (over the model files), ``tokenizer_sha256`` (``tokenizer.fb``)
 and ``package_sha256`` (the manifest itself minus that field) go into every reply.
 
+``fsverity`` (optional; packages built before it have none): each file's fs-verity digest. Where
+the device's kernel and file system have fs-verity and the installer enabled it on a file, the
+boot compares the kernel's measured digest with it instead of hashing the file
+(``edge/preload/verity.py``); elsewhere it hashes, as without the field.
+
 ``selftest`` (optional; packages built before it have none): a reference text, its embedding
 computed on the build host, and the thresholds ``edge selftest`` holds a running server to
 (:class:`SelftestReference`, docs/selftest.md).
@@ -31,6 +36,7 @@ from edge.preload.fallback import FallbackSpec
 from edge.preload.schema import FrozenRecord, Invalid, Record, dict_of, integer, list_of, one_of, sha256_hex, string
 from edge.preload.selftest_reference import SelftestReference
 from edge.preload.serving_settings import ServingSettings
+from edge.preload import verity
 
 __all__ = [
     "FORMAT_VERSION",
@@ -138,6 +144,22 @@ def _engine_spec(v: object, where: str) -> dict:
     return spec
 
 
+def _fsverity_digests(v: object, files: dict) -> dict[str, str]:
+    """``fsverity``: {"algorithm": "sha256", "block_size": 4096, "digests": {file: hex}} -> {file: hex}.
+    Only fsverity-utils' default parameters, the ones :mod:`edge.preload.verity` measures."""
+    if v is None:
+        return {}
+    d = dict_of(v, "fsverity", keys={"algorithm", "block_size", "digests"})
+    one_of(d["algorithm"], (verity.ALGORITHM,), "fsverity.algorithm")
+    one_of(d["block_size"], (verity.BLOCK_SIZE,), "fsverity.block_size")
+    out = {}
+    for name, digest in dict_of(d["digests"], "fsverity.digests").items():
+        if name not in files:
+            raise Invalid(f"fsverity.digests.{name[:NAME_MAX]}", "not a file the manifest lists")
+        out[name] = sha256_hex(digest, f"fsverity.digests.{name}")
+    return out
+
+
 def _check_across(m: "Manifest") -> "Manifest":
     """The checks that span fields: the warm-up ids against the vocabulary and the length, the
     self-test's embedding against the output width and its fresh budgets against the engines."""
@@ -181,6 +203,7 @@ class Manifest(Record):
         "nondeterministic",  # dict[str, str]: file -> why two exports differ
         "selftest",  # SelftestReference | None: None in packages built before it
         "fallback",  # FallbackSpec | None: none named, or a kind this runtime does not know
+        "fsverity",  # dict[str, str]: file -> its fs-verity digest (hex; sha256, 4096-byte blocks); {} when none
         "extra",  # dict: fields newer writers add; format_version guards breaks
     )
     # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
@@ -204,8 +227,10 @@ class Manifest(Record):
     nondeterministic: dict[str, str]
     selftest: SelftestReference | None
     fallback: FallbackSpec | None
+    fsverity: dict[str, str]
     extra: dict
-    _defaults = {"nondeterministic": dict, "selftest": lambda: None, "fallback": lambda: None, "extra": dict}
+    _defaults = {"nondeterministic": dict, "selftest": lambda: None, "fallback": lambda: None, "fsverity": dict,
+                 "extra": dict}
 
     @classmethod
     def model_validate(cls, data: object) -> "Manifest":
@@ -227,6 +252,7 @@ class Manifest(Record):
             files[name] = FileEntry.model_validate(entry, f"files.{name}")
         tok = take("tokenizer_sha256", None)
         selftest, fallback = take("selftest", None), take("fallback", None)
+        fsverity = _fsverity_digests(take("fsverity", None), files)
         return _check_across(cls(
             format_version=integer(need("format_version"), "format_version"),
             name=string(need("name"), "name"),
@@ -248,6 +274,7 @@ class Manifest(Record):
             nondeterministic={k: string(v, f"nondeterministic.{k}") for k, v in dict_of(take("nondeterministic", {}), "nondeterministic").items()},
             selftest=None if selftest is None else SelftestReference.model_validate(selftest),
             fallback=FallbackSpec.model_validate(fallback),
+            fsverity=fsverity,
             extra=d,
         ))
 
@@ -329,9 +356,16 @@ class ModelPackage:
         return self.root / name
 
     def verify_files(self, names: Iterable[str] | None = None, *, full: bool = True,
-                     engine: str | None = None) -> None:
+                     engine: str | None = None) -> dict[str, str]:
         """Check existence and size of ``names`` (default: the files ``engine`` needs, every file
-        when None: :meth:`Manifest.files_of`), and their sha256 when ``full``."""
+        when None: :meth:`Manifest.files_of`), and their content when ``full``; returns how each
+        file's content was checked: {name: "fsverity" | "sha256" | "size"}.
+
+        The content: the kernel's fs-verity digest of the file, when it has one equal to the
+        manifest's (microseconds: ``edge/preload/verity.py``), else the file's sha256. A file
+        whose fs-verity digest differs is hashed too: only the sha256 refuses a file.
+        """
+        checked = {}
         for name in self.manifest.files_of(engine) if names is None else names:
             entry = self.manifest.files.get(name)
             if entry is None:
@@ -345,12 +379,29 @@ class ModelPackage:
             if size != entry.size:
                 raise PackageError(f"{name}: size {size} bytes, manifest says {entry.size} (truncated or replaced)",
                                    ErrorCode.PACKAGE_SIZE_MISMATCH, file=name)
-            if full:
-                digest = sha256_file(p)
-                if digest != entry.sha256:
-                    raise PackageError(f"{name}: sha256 {digest[:16]}... differs from the manifest's "
-                                       f"{entry.sha256[:16]}... (tampered or corrupted)",
-                                       ErrorCode.PACKAGE_HASH_MISMATCH, file=name)
+            if not full:
+                checked[name] = "size"
+                continue
+            want = self.manifest.fsverity.get(name)
+            if want is not None and _measured(p) == want:
+                checked[name] = "fsverity"
+                continue
+            digest = sha256_file(p)
+            if digest != entry.sha256:
+                raise PackageError(f"{name}: sha256 {digest[:16]}... differs from the manifest's "
+                                   f"{entry.sha256[:16]}... (tampered or corrupted)",
+                                   ErrorCode.PACKAGE_HASH_MISMATCH, file=name)
+            checked[name] = "sha256"
+        return checked
+
+
+def _measured(path: Path) -> str | None:
+    """The kernel's fs-verity digest of ``path``; None when it has none or says something else
+    (the file is hashed then: an error here must never be what refuses or passes a file)."""
+    try:
+        return verity.measure(path)
+    except OSError:
+        return None
 
 
 def _load_manifest(root: Path) -> Manifest:

@@ -2,7 +2,8 @@
 
 :meth:`Stages.run` names a stage after the function it calls (``fn.__name__``), so the name in
 the timeline is the name to grep for; nothing can drift apart. :class:`Task` runs a chain of
-stages on its own thread; :class:`Handoff` passes one value between the boot's threads.
+stages on its own thread; :class:`Job` runs stages on whichever thread is free first;
+:class:`Handoff` passes one value between the boot's threads.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 from edge.errors import BootError, EdgeError, ErrorCode
 from edge.runtime.timeline import Timeline
 
-__all__ = ["Stages", "Task", "Handoff", "Cancelled", "stage_error"]
+__all__ = ["Stages", "Task", "Job", "Handoff", "Cancelled", "stage_error"]
 
 
 class Stages:
@@ -21,14 +22,18 @@ class Stages:
     def __init__(self, timeline: Timeline) -> None:
         self.timeline = timeline
 
-    def run(self, fn, *args, setting, **info):
+    def run(self, fn, *args, setting, note=None, **info):
         """``fn(*args)`` as the stage ``fn.__name__``; ``setting`` names what to change if it fails:
         a string, or a function that returns it, called only then (a text that costs a stat or an
-        import is paid by a failed boot alone)."""
+        import is paid by a failed boot alone). ``note``: a function of ``fn``'s result whose dict
+        is added to the stage's entry (what the stage found, e.g. how a file was checked)."""
         name = fn.__name__
         try:
-            with self.timeline.stage(name, **info):
-                return fn(*args)
+            with self.timeline.stage(name, **info) as entry:
+                result = fn(*args)
+                if note is not None:
+                    entry.update(note(result))
+                return result
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -73,6 +78,54 @@ class Task(threading.Thread):
         if self.error is not None:
             raise self.error
         return self.value
+
+
+class Job:
+    """``fn()``, run once by the first thread that takes it (:meth:`take`), or on a thread of its
+    own (:meth:`start`); :meth:`result` waits for it and re-raises its error."""
+
+    def __init__(self, name: str, fn) -> None:
+        self.name = name
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._taken = False
+        self._done = threading.Event()
+        self.error: BaseException | None = None
+
+    def take(self) -> bool:
+        """Run it here unless another thread has; True when this call ran it."""
+        with self._lock:
+            if self._taken:
+                return False
+            self._taken = True
+        try:
+            self._fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self.error = exc
+        finally:
+            self._done.set()
+        return True
+
+    def drop(self) -> None:
+        """Never run it (a boot that failed elsewhere); a run already under way goes on."""
+        with self._lock:
+            if self._taken:
+                return
+            self._taken = True
+        self._done.set()
+
+    def start(self) -> None:
+        """Run it on a thread of its own."""
+        threading.Thread(target=self.take, name=f"boot-{self.name}", daemon=True).start()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout_s: float | None = None) -> None:
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"boot job {self.name} still running after {timeout_s} s")
+        if self.error is not None:
+            raise self.error
 
 
 class Handoff:

@@ -171,3 +171,25 @@ def test_usage_errors(capsys, argv):
     with pytest.raises(SystemExit) as exc:
         run_cli(capsys, *argv)
     assert exc.value.code == 2
+
+
+def test_install_enables_fsverity_on_the_package_or_says_why_not(capsys, root, keys, tmp_path):
+    """A package whose manifest gives fs-verity digests: the install enables it on those files where
+    the device can (this machine's kernel cannot: the note says the runtime hashes them) and goes on."""
+    from support.archives import fake_bundle, pack
+    from support.packages import write_small_package
+
+    from edge.preload import verity
+
+    bundle = fake_bundle(tmp_path / "b", 7, package=write_small_package)
+    archive = pack(bundle, keys["trusted"][0], tmp_path / "v7.edgebundle")
+    code, out, err = _install(capsys, archive, root)
+    assert code == 0, err
+    package = DeviceLayout(root).current / "rootfs/opt/edge/package"
+    notes = [line for line in err.splitlines() if "fs-verity" in line]
+    assert len(notes) == 1, err
+    if verity.measure(package / "model.ort") is None:
+        assert "fs-verity not available" in notes[0] and "hashes the package's files at each boot" in notes[0], err
+    else:
+        assert "fs-verity enabled on 2 package file(s)" in notes[0], err
+    _same_tree(bundle, DeviceLayout(root).current)

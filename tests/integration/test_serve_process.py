@@ -91,6 +91,18 @@ def test_timeline_is_logged_and_written(ort_runtime):
     assert len(ready) == 1 and ready[0]["stages"] == record["stages"]
 
 
+def test_timeline_says_how_each_file_was_checked(ort_runtime, minilm_package):
+    """fs-verity's measured digest where this machine has it on the package's files, else sha256
+    (here: no CONFIG_FS_VERITY), named per file in the verify stages."""
+    from edge.preload.verity import measure
+
+    record = json.loads((ort_runtime.workdir / "timeline.json").read_text())
+    stages = {s["stage"]: s for s in record["stages"]}
+    expect = lambda name: "fsverity" if measure(minilm_package / name) else "sha256"  # noqa: E731
+    assert stages["verify_package"]["verified_by"] == {"model.ort": expect("model.ort")}, stages["verify_package"]
+    assert stages["verify_tokenizer"]["verified_by"] == {"tokenizer.fb": expect("tokenizer.fb")}
+
+
 def test_drain_on_sigterm_answers_every_request_once(minilm_package, tmp_path):
     rt = start_runtime(tmp_path / "drain", "--package", str(minilm_package), "--drain-timeout", "20")
     try:
@@ -163,6 +175,40 @@ def _boot_with_a_flipped_byte(minilm_package, tmp_path, name: str, offset: int):
 def test_tampered_package_fails_boot_naming_stage_and_file(minilm_package, tmp_path):
     out = _boot_with_a_flipped_byte(minilm_package, tmp_path, "model.ort", 4096).output()
     assert "verify_package" in out and "model.ort" in out, out
+
+
+def test_package_tampered_after_the_engine_loaded_is_refused_ready_and_never_answers(minilm_package, tmp_path):
+    """The engine loads and warms beside the hash of its files: a file changed once the engine has
+    loaded it (and before its hash ended) fails the boot in verify_package, with no READY and no
+    reply from the engine that was loaded, even to a request sent before the boot ended."""
+    from support.pythonpath import child_env
+
+    pkg = _copy_package(minilm_package, tmp_path / "pkg")
+    wrap = [sys.executable, "-m", "support.tamper_after_load", "model.ort", "--"]
+    rt = start_runtime(tmp_path / "late", "--package", str(pkg), wrap=wrap, env=child_env())
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(rt.address)  # queued by ZeroMQ until a bind, which must never come
+        sock.send_multipart(P.encode_request("infer", {"texts": ["sent while the engine warmed up"]}))
+        code = rt.proc.wait(120)
+        assert not sock.poll(500), "a reply came from a package that failed its hash"
+    finally:
+        sock.close()
+        ctx.term()
+        rt.stop()
+    out = rt.output(tail=None)
+    assert code == 3, out
+    assert "READY=1" not in b"\n".join(rt.notices).decode()
+    failed = [json.loads(line) for line in out.splitlines() if '"boot.failed"' in line]
+    assert failed and failed[0]["stage"] == "verify_package", out
+    assert "model.ort" in failed[0]["error"] and failed[0]["code"] == ErrorCode.PACKAGE_HASH_MISMATCH, failed[0]
+    stages = {s["stage"]: s for s in failed[0]["timeline"]["stages"]}
+    # the engine had loaded from the file before its hash ended: the case this test is about
+    assert stages["load_engine"]["end_ms"] <= stages["verify_package"]["end_ms"], stages
+    assert "bind" not in stages and "start" not in stages, stages
+    assert not (tmp_path / "late" / "run" / "edge.sock").exists()
 
 
 def test_missing_package_fails_in_open_package(tmp_path):

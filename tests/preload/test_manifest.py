@@ -61,6 +61,11 @@ def test_real_package_opens(minilm_package):
     assert {"torch", "onnx", "onnxruntime", "python"} <= set(m.tool_versions)
     assert pkg.identity["tokenizer_sha256"] == m.files["tokenizer.fb"].sha256
     assert pkg.identity["package_sha256"] == m.package_sha256
+    # every file's fs-verity digest, as a kernel with fs-verity will measure it (edge/preload/verity.py)
+    from edge.preload.verity import file_digest
+
+    assert set(m.fsverity) == set(m.files)
+    assert all(m.fsverity[name] == file_digest(pkg.path(name)) for name in ("tokenizer.fb", "model.ort"))
 
 
 @pytest.mark.parametrize("name", MODEL_FILES)

@@ -28,10 +28,12 @@ def keygen(out: Path) -> tuple[Path, Path]:
     return private, public
 
 
-def fake_bundle(out: Path, version: int = 1, big: int = (3 << 20) // 2, arch: str = "x86_64") -> Path:
+def fake_bundle(out: Path, version: int = 1, big: int = (3 << 20) // 2, arch: str = "x86_64",
+                package: Callable[[Path], object] | None = None) -> Path:
     """A bundle-shaped directory the packer accepts (its digest is right): config.json,
     edge-bundle.json, a rootfs with an executable, a ``big``-byte file (several read chunks), an
-    empty file, a relative and an absolute symlink, a sticky directory, the unit's drop-in."""
+    empty file, a relative and an absolute symlink, a sticky directory, the unit's drop-in.
+    ``package``: called with the package directory to write more into it (a manifest)."""
     rootfs = out / "rootfs"
     for d in ("usr/bin", "usr/lib64", "etc", "opt/edge/package", "tmp"):
         (rootfs / d).mkdir(parents=True, exist_ok=True)
@@ -40,6 +42,8 @@ def fake_bundle(out: Path, version: int = 1, big: int = (3 << 20) // 2, arch: st
     os.chmod(tool, 0o755)
     (rootfs / "usr/lib64/libfake.so").write_bytes(os.urandom(4096))
     (rootfs / "opt/edge/package/model.onnx").write_bytes(hashlib.sha256(b"%d" % version).digest() * (big // 32))
+    if package is not None:
+        package(rootfs / "opt/edge/package")
     (rootfs / "etc/empty").write_bytes(b"")
     os.symlink("usr/lib64", rootfs / "lib64")
     os.symlink("/usr/share/zoneinfo/UTC", rootfs / "etc/localtime")

@@ -119,7 +119,8 @@ def _install(args, layout) -> int:
     snap = f", snapshot {t['snapshot']:.2f} s" if "snapshot" in t else ""
     _say(f"installed {args.archive.name} into slot {report.slot}: bundle {m.bundle_sha256[:12]} (edge {m.edge_version}, "
          f"{m.engine}), {st.files} files, {st.bytes / (1 << 20):.1f} MiB in {total:.2f} s "
-         f"(verify {t['verify']:.2f} s, unpack {t['unpack']:.2f} s{snap}, switch {t['switch']:.2f} s)")
+         f"(verify {t['verify']:.2f} s, unpack {t['unpack']:.2f} s, fs-verity {t['fsverity']:.2f} s{snap}, "
+         f"switch {t['switch']:.2f} s)")
     staged = report.staged
     if staged is not None:
         _say(f"snapshot: {staged.detail}" if staged.taken else

@@ -11,6 +11,8 @@ install (docs/archive.md, "On the device"):
    -- nothing has been written up to here; a refusal leaves the root byte-identical --
 4. ``recover``: under the lock, remove what a killed run left and bring the state level;
 5. ``unpack``: into the inactive slot's staging directory, each member checked as it streams;
+   then fs-verity enabled on the package's files where the device has it (fsverity.py: the
+   runtime then checks the kernel's digest instead of hashing them at each boot);
 6. ``replace_slot``: the staging directory renamed into the slot (the old content moved aside
    first, then removed: ``rename(2)`` cannot replace a non-empty directory); then the caches
    (snapshots) of bundles no slot holds any more are removed (cache.py);
@@ -50,8 +52,9 @@ from edge.update.install.cache import prune_caches
 from edge.update.install.compat import check_compatible, check_space, device_facts
 from edge.update.install.errors import InstallError, NotReady, Refused, RestartFailed
 from edge.update.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
+from edge.update.install.fsverity import enable_package_verity
 from edge.update.install.host_paths import MAX_META_BYTES, META, HostDirs, check_host, check_meta, host_dirs
-from edge.update.install.layout import DeviceLayout, SlotName
+from edge.update.install.layout import SLOT_BUNDLE, DeviceLayout, SlotName
 from edge.update.install.slots import check_slot, install_target, recover
 from edge.update.install.staging import Staged, journal, stage_snapshot
 from edge.update.install.state import (TRIAL_TRIES, InstallState, SlotRecord, SnapshotNote, Trial, TrialStatus, now,
@@ -254,10 +257,13 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
             try:
                 stats = unpack(reader, manifest, manifest_bytes, signature, staging,
                                midway=lambda: _crash(crash_at, "mid-unpack"))
+                timings["unpack"] = time.monotonic() - t
+                t = time.monotonic()
+                notes += enable_package_verity(staging / SLOT_BUNDLE)
+                timings["fsverity"] = time.monotonic() - t
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
-            timings["unpack"] = time.monotonic() - t
             _crash(crash_at, "after-unpack")
             t = time.monotonic()
             replace_slot(layout, staging, slot)

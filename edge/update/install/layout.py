@@ -16,13 +16,14 @@ import os
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["DeviceLayout", "SlotName", "SLOTS", "SLOT_MANIFEST", "SLOT_SIGNATURE", "SLOT_BUNDLE", "other_slot"]
+__all__ = ["DeviceLayout", "SlotName", "SLOTS", "SLOT_MANIFEST", "SLOT_SIGNATURE", "SLOT_BUNDLE", "PACKAGE_IN_BUNDLE", "other_slot"]
 
 SlotName = Literal["a", "b"]
 SLOTS: tuple[SlotName, SlotName] = ("a", "b")  # at most two: the live one and the one an update goes to (or a rollback returns to)
 SLOT_MANIFEST = "edge-archive.json"  # the signed manifest and its signature are kept in the slot:
 SLOT_SIGNATURE = "edge-archive.sig"  # a slot can be checked again, and the state rebuilt from it
 SLOT_BUNDLE = "bundle"
+PACKAGE_IN_BUNDLE = "rootfs/opt/edge/package"  # the package directory, below a bundle (image/build_bundle.py)
 STAGING_SUFFIX = ".staging"
 OLD_SUFFIX = ".old"
 

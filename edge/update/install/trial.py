@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from edge.config.argtypes import number
-from edge.update.install.layout import SLOTS, DeviceLayout
+from edge.update.install.layout import PACKAGE_IN_BUNDLE, SLOTS, DeviceLayout
 
 __all__ = ["EXIT", "needs_attention", "trial_slot", "pre_start", "watch", "on_failure", "main"]
 
@@ -38,7 +38,6 @@ EXIT = {"done": 0, "rolled_back": 1, "usage": 2, "failed": 3}  # `edge-trial` ex
 SUSTAIN_S = 60.0  # the self-test passes for this long before the trial commits (s)
 INTERVAL_S = 10.0  # between two self-test runs while the sustain window runs (s)
 READY_TIMEOUT_S = 120.0  # the first run's wait for `ready` (s): the unit's TimeoutStartSec
-PACKAGE_IN_BUNDLE = "rootfs/opt/edge/package"  # the package directory, below a bundle (image/build_bundle.py)
 
 
 def _say(msg: str) -> None:

@@ -1,0 +1,37 @@
+"""Small model packages for tests that read manifests and hashes only (a few bytes per file)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from edge.preload import verity
+from edge.preload.manifest import manifest_digest, model_digest
+
+__all__ = ["SMALL_FILES", "write_small_package"]
+
+SMALL_FILES = {"model.ort": b"ort bytes " * 1000, "tokenizer.fb": b"tokenizer bytes"}
+
+
+def write_small_package(root: Path, files: dict[str, bytes] = SMALL_FILES,
+                        digests: dict[str, str] | None = None) -> dict:
+    """A valid package at ``root`` whose manifest gives each file's fs-verity digest (``digests``
+    instead of the computed ones); returns the manifest."""
+    root.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for name, content in files.items():
+        (root / name).write_bytes(content)
+        entries[name] = {"sha256": hashlib.sha256(content).hexdigest(), "size": len(content)}
+    data = {"format_version": 1, "name": root.name, "files": entries,
+            "model_sha256": model_digest({n: e["sha256"] for n, e in entries.items()}),
+            "tokenizer_sha256": entries.get("tokenizer.fb", {}).get("sha256"),
+            "inputs": [], "outputs": [{"name": "embedding", "dtype": "float32", "shape": ["batch", 4]}],
+            "output_dim": 4, "max_seq_length": 16, "pooling": "mean", "normalize": True, "vocab_size": 10,
+            "engines": {"onnxruntime": {"files": ["model.ort"], "file": "model.ort"}}, "serving": {},
+            "source": {}, "tool_versions": {},
+            "fsverity": {"algorithm": verity.ALGORITHM, "block_size": verity.BLOCK_SIZE,
+                         "digests": digests or {n: verity.file_digest(root / n) for n in files}}}
+    data["package_sha256"] = manifest_digest(data)
+    (root / "manifest.json").write_text(json.dumps(data))
+    return data

@@ -1,0 +1,204 @@
+"""The engine's chain (edge/runtime/engine_chain.py) with a fake package and engine: the engine loads
+and warms before its files' hash has ended, the hash is taken by the first thread free, and a failed
+hash is the boot's error whatever the engine did."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import pytest
+
+import edge.engines
+from edge.errors import BootError, EngineError, ErrorCode, PackageError
+from edge.preload.serving_settings import ServingSettings
+from edge.runtime.engine_chain import EngineChain
+from edge.runtime.stages import Handoff, Stages
+from edge.runtime.timeline import Timeline
+
+HASH_WAIT_S = 10.0  # the fake hash waits at most this long for its go
+
+
+class FakeEngine:
+    name = "onnxruntime"
+    device = "cpu"
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.closed = False
+
+    def warm_run(self, batch: int, tokens: int, ids: list[int]) -> bool:
+        self.runs += 1
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakePackage:
+    """``verify_files`` waits for ``go`` (the test decides when the hash ends), then fails or passes."""
+
+    def __init__(self, bad: bool) -> None:
+        self.bad = bad
+        self.go = threading.Event()
+        self.hashed: list[list[str]] = []
+        self.hashed_on: list[str] = []  # the thread that hashed
+        serving = ServingSettings.model_validate({"buckets": [16, 32], "warm_sample_ids": [101, 7, 102]})
+        self.manifest = types.SimpleNamespace(serving=serving, max_seq_length=32)
+
+    def engine_files(self, engine: str, device: str = "cpu") -> list[str]:
+        return ["model.ort"]
+
+    def verify_files(self, names) -> None:
+        self.hashed_on.append(threading.current_thread().name)
+        assert self.go.wait(HASH_WAIT_S)
+        self.hashed.append(list(names))
+        if self.bad:
+            raise PackageError("model.ort: sha256 differs (tampered)", ErrorCode.PACKAGE_HASH_MISMATCH, file="model.ort")
+
+
+def _chain(monkeypatch, pkg: FakePackage, load, verify: str = "full"):
+    library = types.SimpleNamespace(available_providers=lambda: ["CPUExecutionProvider"])
+    monkeypatch.setattr(edge.engines, "import_engine", lambda name: library)
+    monkeypatch.setattr(edge.engines, "load_engine", load)
+    args = types.SimpleNamespace(engine="onnxruntime", device="cpu", verify=verify, cuda_reserve_mb=0)
+    timeline = Timeline(exec_s=0.0)
+    chain = EngineChain(Stages(timeline), args, Handoff())
+    chain.open(pkg)
+    return chain, timeline
+
+
+def _stages(timeline: Timeline) -> dict[str, dict]:
+    return {s["stage"]: s for s in timeline.as_dict()["stages"]}
+
+
+def _until(check, what: str) -> None:
+    deadline = time.monotonic() + HASH_WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)  # poll interval (s)
+
+
+def test_the_engine_loads_and_warms_while_its_files_are_hashed(monkeypatch):
+    pkg = FakePackage(bad=False)
+    engine = FakeEngine()
+
+    def load_engine(p, name, device):
+        assert not pkg.hashed  # the hash has not ended: the load did not wait for it
+        return engine
+
+    chain, timeline = _chain(monkeypatch, pkg, load_engine)
+    # the engine's stages all end with the hash still waiting: its thread has taken it, nothing else was free
+    _until(lambda: engine.runs == 2 and pkg.hashed_on, "the engine warmed, then took the hash")
+    assert pkg.hashed_on == ["boot-engine"] and not pkg.hashed
+    pkg.go.set()
+    assert chain.result()[0] is engine
+    assert pkg.hashed == [["model.ort"]]
+    stages = _stages(timeline)
+    assert stages["preallocate"]["end_ms"] <= stages["verify_package"]["start_ms"]
+    assert stages["verify_package"]["overlapped"] is True
+
+
+def test_the_main_thread_takes_the_hash_once_its_own_stages_are_done(monkeypatch):
+    pkg = FakePackage(bad=False)
+    engine = FakeEngine()
+    loading = threading.Event()
+
+    def load_engine(p, name, device):
+        loading.set()
+        assert pkg.go.wait(HASH_WAIT_S)  # the load goes on until the hash (on the main thread) is under way
+        return engine
+
+    chain, _ = _chain(monkeypatch, pkg, load_engine)
+    assert loading.wait(HASH_WAIT_S)
+    threading.Timer(0.05, pkg.go.set).start()
+    chain.verify_here()  # what boot does after prepare_tokenizer
+    assert pkg.hashed_on == [threading.current_thread().name] and pkg.hashed == [["model.ort"]]
+    assert chain.result()[0] is engine and engine.runs == 2
+    assert pkg.hashed_on == [threading.current_thread().name]  # the engine's thread found it taken
+
+
+def test_a_failed_hash_is_the_error_even_after_the_engine_warmed(monkeypatch):
+    pkg = FakePackage(bad=True)
+    engine = FakeEngine()
+    chain, _ = _chain(monkeypatch, pkg, lambda p, name, device: engine)
+    _until(lambda: engine.runs == 2 and pkg.hashed_on, "the engine warmed, then took the hash")
+    pkg.go.set()
+    with pytest.raises(BootError) as err:
+        chain.result()
+    assert err.value.stage == "verify_package" and err.value.code == ErrorCode.PACKAGE_HASH_MISMATCH
+    assert "model.ort" in str(err.value)
+
+
+def test_a_failed_hash_wins_over_the_engine_refusing_the_same_file(monkeypatch):
+    pkg = FakePackage(bad=True)
+
+    def load_engine(p, name, device):
+        raise EngineError("ONNX Runtime refused model.ort", ErrorCode.ENGINE_LOAD_FAILED, stage="load_engine")
+
+    chain, _ = _chain(monkeypatch, pkg, load_engine)
+    chain._task.join(HASH_WAIT_S)  # the engine failed: its thread took no hash
+    assert not pkg.hashed_on
+    pkg.go.set()
+    with pytest.raises(BootError) as err:
+        chain.result()  # the main thread hashes, and reports the hash's failure
+    assert err.value.stage == "verify_package", err.value
+
+
+def test_the_chain_stops_before_its_next_stage_once_a_hash_failed(monkeypatch):
+    pkg = FakePackage(bad=True)
+    loaded = threading.Event()
+    engine = FakeEngine()
+
+    started = threading.Event()
+
+    def load_engine(p, name, device):
+        assert started.wait(HASH_WAIT_S)
+        pkg.go.set()
+        threading.Thread(target=chain.verify_here).start()  # the main thread's hash fails while the engine loads
+        with pytest.raises(BootError):
+            chain._verifies[0].result(HASH_WAIT_S)  # it ends, its error recorded
+        loaded.set()
+        return engine
+
+    chain, timeline = _chain(monkeypatch, pkg, load_engine)
+    started.set()
+    with pytest.raises(BootError) as err:
+        chain.result()
+    assert err.value.stage == "verify_package"
+    assert loaded.is_set() and engine.runs == 0  # no warm-up on a file known to be bad
+    assert "warm_buckets" not in _stages(timeline)
+
+
+def test_a_package_that_never_comes_ends_the_chain(monkeypatch):
+    """The main thread failed before the package was open (open_package, select_engine): cancel()."""
+    monkeypatch.setattr(edge.engines, "import_engine", lambda name: types.SimpleNamespace())
+    args = types.SimpleNamespace(engine="onnxruntime", device="cpu", verify="full", cuda_reserve_mb=0)
+    chain = EngineChain(Stages(Timeline(exec_s=0.0)), args, Handoff())
+    chain.cancel()
+    chain.settle(HASH_WAIT_S)
+    assert not chain._task.is_alive() and chain.engine is None and not chain._verifies
+
+
+def test_after_a_main_thread_failure_nothing_is_hashed(monkeypatch):
+    pkg = FakePackage(bad=False)
+    gate = threading.Event()
+
+    def load_engine(p, name, device):
+        assert gate.wait(HASH_WAIT_S)
+        return FakeEngine()
+
+    chain, _ = _chain(monkeypatch, pkg, load_engine)
+    chain.cancel()  # what boot does when a main-thread stage fails
+    threading.Timer(0.05, gate.set).start()
+    chain.settle(HASH_WAIT_S)
+    assert not pkg.hashed_on and not chain._task.is_alive()
+
+
+def test_verify_size_hashes_nothing(monkeypatch):
+    pkg = FakePackage(bad=True)
+    engine = FakeEngine()
+    chain, timeline = _chain(monkeypatch, pkg, lambda p, name, device: engine, verify="size")
+    assert chain.result()[0] is engine
+    assert not pkg.hashed and "verify_package" not in _stages(timeline)
