@@ -117,7 +117,7 @@ class GlueServer:
         end = time.monotonic()
         n = len(msg.texts)
         queue_ms, compute_ms = (start - arrival) * 1000.0, (end - start) * 1000.0
-        self.metrics.batch(self.max_len, n, n, sum(batch.token_counts), compute_ms)
+        self.metrics.batch(self.max_len, n, n, self.max_len, sum(batch.token_counts), compute_ms)  # fixed (N, 256)
         self.metrics.replied("infer", queue_ms, (end - arrival) * 1000.0)
         result = P.InferResult(trace_id=trace_id, count=out.shape[0], dim=out.shape[1], token_counts=batch.token_counts,
                                buckets=[self.max_len] * n, truncated=batch.truncated, queue_ms=queue_ms,

@@ -26,8 +26,10 @@ differenced over the phase) and from the replies (sum of token_counts / sum of b
 blind to padding rows). CPU seconds of the load generator and of the server are recorded
 per phase, in cores: on a 2-core machine they compete.
 
-Goals (the serving issue): saturation >= 0.85 x ceiling and >= 3 x glue; lone request
-(concurrency 1 median) <= engine batch-1 latency + 2 ms; padding efficiency >= 0.75.
+Goals (issue 29): saturation >= 0.95 x ceiling and >= 4 x glue; lone request (concurrency 1,
+paired) <= the engine's batch-1 latency + 1.5 ms; padding efficiency >= 0.9; texts/s at 32 clients
+>= at 1. The ceiling and the engine's lone latency run the shapes the server runs (the bucket's
+length on CUDA, the batch's longest text on a CPU: BatchShapes.width).
 Prints a table and one summary line; ``--json FILE`` writes the record.
 
 This module runs the phases and reports; the pieces: ``bench/serve_server.py`` (the server
@@ -53,7 +55,8 @@ from bench.serve_ceiling import ceiling, ceiling_pass, engine_lone, lone_paired
 from bench.serve_load import closed_loop, cpu_s, open_loop
 from bench.serve_server import Server
 
-GOALS = {"vs_ceiling": 0.85, "vs_glue": 3.0, "lone_overhead_ms": 2.0, "padding_efficiency": 0.75}
+# Issue 29's goals; scaling: texts/s at the most clients over at one.
+GOALS = {"vs_ceiling": 0.95, "vs_glue": 4.0, "lone_overhead_ms": 1.5, "padding_efficiency": 0.9, "scaling": 1.0}
 CONCURRENCY = (1, 8, 32)
 OPEN_FRACTIONS = (0.5, 0.8, 1.0)  # of the best closed-loop throughput
 
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.textmix import describe, text_mix
     from edge.runtime.default_package import default_package_dir, ensure_default_package
     from edge.engines import load_engine
+    from edge.engines.device import device_kind
     from edge.preload.manifest import open_package
     from edge.preload.tokenizer import Tokenizer
     from edge.serving.shapes import BatchShapes
@@ -160,14 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = load_engine(pkg, args.engine, args.device)
         device = engine.device
+        # The columns the server runs a batch at, by its own rule for this device (BatchShapes.width).
+        width = BatchShapes(pkg.manifest.serving, max_seq_length=pkg.manifest.max_seq_length,
+                            kind=device_kind(device)).width
         # half the ceiling runs now, half after the edge phases: contention from other processes drifts
-        ceil_times = ceiling_pass(engine, by_bucket, caps, list(sizes), tok.pad_id, eng_burn, eng_runs)
+        ceil_times = ceiling_pass(engine, by_bucket, caps, list(sizes), tok.pad_id, width, eng_burn, eng_runs)
         say(f"  {'ceiling (in-process)':<22s} {ceiling(ceil_times, by_bucket, caps)['texts_per_s']:8.1f} texts/s (first pass)")
-        engine_ms = engine_lone(engine, by_bucket, tok.pad_id, 2, lone_runs)
+        engine_ms = engine_lone(engine, by_bucket, tok.pad_id, width, 2, lone_runs)
         edge = Server("edge", [sys.executable, "-m", "edge.boot", *common, "--timeline", str(work / "timeline.json")], work)
         try:
             edge.wait_ready()
-            lone = lone_paired(edge.address, engine, texts, ids, buckets, tok.pad_id, pairs)
+            lone = lone_paired(edge.address, engine, texts, ids, buckets, tok.pad_id, width, pairs)
             say(f"  {'lone request (paired)':<22s} {lone['overhead_ms']:+8.2f} ms over the engine")
             for c in CONCURRENCY:
                 edge_runs.append(measure(edge, f"edge closed c={c}", closed_loop, texts, c, burn, dur))
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             edge_stats = edge.stats()
         finally:
             edge.stop()
-        ceiling_pass(engine, by_bucket, caps, list(sizes), tok.pad_id, eng_burn, eng_runs, ceil_times)
+        ceiling_pass(engine, by_bucket, caps, list(sizes), tok.pad_id, width, eng_burn, eng_runs, ceil_times)
         ceil = ceiling(ceil_times, by_bucket, caps)
         say(f"  {'ceiling (in-process)':<22s} {ceil['texts_per_s']:8.1f} texts/s (both passes)")
         engine.close()
@@ -214,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         "lone_overhead_ms": lone["overhead_ms"] <= GOALS["lone_overhead_ms"],
         "padding_efficiency": pad_stats is not None and pad_stats >= GOALS["padding_efficiency"],
     }
+    closed = {r["mode"]: r["texts_per_s"] for r in edge_runs if "closed" in r["mode"]}
+    lo, hi = closed.get(f"edge closed c={CONCURRENCY[0]}"), closed.get(f"edge closed c={CONCURRENCY[-1]}")
+    ratios["scaling"] = round(hi / lo, 3) if lo and hi else None  # texts/s at the most clients over at one
+    passed["scaling"] = ratios["scaling"] is not None and ratios["scaling"] >= GOALS["scaling"]
 
     print(f"\n{'mode':<22s} {'offer/s':>8s} {'texts/s':>8s} {'ceil/s':>7s} {'min':>7s} {'p50':>7s} {'p95':>7s} {'p99':>7s} "
           f"{'batch':>6s} {'padeff':>6s} {'busy':>5s} {'cliCPU':>6s} {'srvCPU':>6s} {'err':>5s}   (latency ms; busy: engine time / wall; CPU in cores)")
@@ -232,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{ratios['vs_glue']:.2f}x glue {glue_sat:.1f} (goal >= {GOALS['vs_glue']}, {ok('vs_glue')}); "
         f"lone request {lone['overhead_ms']:+.2f} ms over the engine (goal <= {GOALS['lone_overhead_ms']}, {ok('lone_overhead_ms')}); "
         f"padding efficiency {pad_stats} stats / {pad_replies} replies (goal >= {GOALS['padding_efficiency']}, {ok('padding_efficiency')}); "
+        f"texts/s at c={CONCURRENCY[-1]} over c={CONCURRENCY[0]} {ratios['scaling']} (goal >= 1, {ok('scaling')}); "
         f"{os.cpu_count()} CPUs shared by load generator and server, load avg {os.getloadavg()[0]:.1f}"
     )
     print("\n" + summary)

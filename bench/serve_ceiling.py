@@ -5,6 +5,7 @@ mix, its batch-1 latency per bucket, and the lone request paired with the engine
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import zmq
@@ -15,9 +16,15 @@ from edge.ipc import protocol as P
 __all__ = ["ceiling", "ceiling_pass", "engine_lone", "lone_paired"]
 
 
-def _batch(rows: list[np.ndarray], bucket: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.full((len(rows), bucket), pad_id, dtype=np.int64)  # (B, T)
-    mask = np.zeros((len(rows), bucket), dtype=np.int64)  # (B, T)
+Width = Callable[[int, int], int]  # (bucket, longest text) -> columns: the server's BatchShapes.width
+
+
+def _batch(rows: list[np.ndarray], bucket: int, pad_id: int, width: Width) -> tuple[np.ndarray, np.ndarray]:
+    """The batch as the server pads it: ``width(bucket, longest)`` columns (the bucket on CUDA, the
+    longest text on a CPU), so that the baselines run the shapes the server runs."""
+    w = width(bucket, max(len(r) for r in rows))
+    ids = np.full((len(rows), w), pad_id, dtype=np.int64)  # (B, T)
+    mask = np.zeros((len(rows), w), dtype=np.int64)  # (B, T)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = r
         mask[i, : len(r)] = 1
@@ -36,7 +43,7 @@ def _timed(engine, batches: list, burn: int) -> list[float]:
 
 
 def ceiling_pass(engine, by_bucket: dict[int, list[np.ndarray]], caps: dict[int, int], sizes: list[int], pad_id: int,
-                 burn: int, runs: int, times: dict | None = None) -> dict:
+                 width: Width, burn: int, runs: int, times: dict | None = None) -> dict:
     """Ideal batches: per bucket, batches of the bucket shape (rows cycling through the mix's
     texts of that bucket) at the cap and at a few smaller sizes. Adds the engine times (ms)
     to ``times[bucket][size]``; call it again later to spread the runs over the invocation."""
@@ -44,7 +51,7 @@ def ceiling_pass(engine, by_bucket: dict[int, list[np.ndarray]], caps: dict[int,
     for b, texts in sorted(by_bucket.items()):
         for n in sorted({min(x, caps[b]) for x in sizes}) if texts else ():  # a size over the cap means the cap
             k = sum(len(v) for v in times.get(b, {}).values())  # new rows each pass
-            batches = [_batch([texts[(k + r * n + j) % len(texts)] for j in range(n)], b, pad_id) for r in range(burn + runs)]
+            batches = [_batch([texts[(k + r * n + j) % len(texts)] for j in range(n)], b, pad_id, width) for r in range(burn + runs)]
             times.setdefault(b, {}).setdefault(n, []).extend(_timed(engine, batches, burn))
     return times
 
@@ -69,19 +76,20 @@ def ceiling(times: dict, by_bucket: dict[int, list[np.ndarray]], caps: dict[int,
             "texts_per_s_range": [round(1.0 / inv["p95"], 2), round(1.0 / inv["min"], 2)]}
 
 
-def engine_lone(engine, by_bucket: dict[int, list[np.ndarray]], pad_id: int, burn: int, runs: int) -> dict:
-    """Batch-1 latency at each bucket shape (ms), on real texts of that bucket."""
+def engine_lone(engine, by_bucket: dict[int, list[np.ndarray]], pad_id: int, width: Width, burn: int, runs: int) -> dict:
+    """Batch-1 latency of each bucket's texts at the shape the server runs them (ms)."""
     out = {}
     for b, texts in sorted(by_bucket.items()):
         if texts:
-            out[str(b)] = pct(_timed(engine, [_batch([texts[r % len(texts)]], b, pad_id) for r in range(burn + runs)], burn), (0, 50, 95))
+            out[str(b)] = pct(_timed(engine, [_batch([texts[r % len(texts)]], b, pad_id, width) for r in range(burn + runs)], burn), (0, 50, 95))
     return out
 
 
-def lone_paired(address: str, engine, texts: list[str], ids: list[np.ndarray], buckets: list[int], pad_id: int, pairs: int) -> dict:
+def lone_paired(address: str, engine, texts: list[str], ids: list[np.ndarray], buckets: list[int], pad_id: int,
+                width: Width, pairs: int) -> dict:
     """A lone request against the engine alone, paired: for each text, the served latency at
-    concurrency 1 (send to reply) and the in-process engine time of the same text at its
-    bucket shape, batch 1, back to back in alternating order, so load from other processes
+    concurrency 1 (send to reply) and the in-process engine time of the same text at the shape
+    the server runs it (``width``), batch 1, back to back in alternating order, so load from other processes
     drifts into both alike. Overhead = median of the differences (ms)."""
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
@@ -91,7 +99,7 @@ def lone_paired(address: str, engine, texts: list[str], ids: list[np.ndarray], b
         for k in range(pairs + 3):  # 3 warm-up pairs, dropped
             i = k % len(texts)
             b = min(x for x in buckets if x >= len(ids[i]))
-            ids_b, mask_b = _batch([ids[i]], b, pad_id)
+            ids_b, mask_b = _batch([ids[i]], b, pad_id, width)
             order = (0, 1) if k % 2 else (1, 0)
             got = {}
             for o in order:

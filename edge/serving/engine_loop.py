@@ -146,13 +146,17 @@ class EngineLoop:
         self._current = []
 
     def _compute(self, bucket: int, parts: list[Part], route: Route = Route.PRIMARY,
-                 until: float = 0.0) -> tuple[np.ndarray, int, int, float]:
+                 until: float = 0.0) -> tuple[np.ndarray, int, int, int, float]:
         """Pad the parts into the bucket's buffers and run the engine ``route`` names: (out (rows, D),
-        rows, tokens, start). ``until``: when to stop waiting for a primary on its worker."""
+        rows, width, tokens, start). ``until``: when to stop waiting for a primary on its worker."""
         n = len(parts)
         ids_buf, mask_buf = (self._fallback().buffers if route is Route.FALLBACK else self.buffers)[bucket]
         rows = self.shapes.padded_rows(n, bucket)
-        ids, mask = ids_buf[:rows], mask_buf[:rows]  # (rows, bucket) int64 views
+        width = self.shapes.width(bucket, max(len(p.ids) for p in parts))
+        # (rows, width) int64 views of the bucket's buffers, C-contiguous: their first rows x width
+        # elements reshaped, not a column slice (an engine takes the array's memory as it lies).
+        ids = ids_buf.reshape(-1)[: rows * width].reshape(rows, width)
+        mask = mask_buf.reshape(-1)[: rows * width].reshape(rows, width)
         ids.fill(self.pad_id)
         mask.fill(0)
         tokens = 0
@@ -172,7 +176,7 @@ class EngineLoop:
         if out.ndim != 2 or out.shape[0] != rows or (self._dim is not None and out.shape[1] != self._dim):
             raise ValueError(f"engine returned shape {out.shape}, expected ({rows}, {self._dim or 'D'})")
         self._dim = out.shape[1]
-        return out, rows, tokens, start
+        return out, rows, width, tokens, start
 
     def _fallback(self) -> Fallback:
         """The fallback, on Route.FALLBACK: the breaker routes there only when one is configured."""
@@ -262,7 +266,7 @@ class EngineLoop:
             return
         until = max(r.deadline if r.deadline is not None else r.eff_deadline for r in requests)
         try:
-            out, rows, tokens, start = self._compute(bucket, parts, route, until)
+            out, rows, width, tokens, start = self._compute(bucket, parts, route, until)
         except Exception as exc:
             self._batch_failed(bucket, parts, requests, route, exc)
             return
@@ -275,8 +279,10 @@ class EngineLoop:
                 request.degraded = True
         compute_ms = (end - start) * 1000.0
         if route is Route.PRIMARY and self.breaker is not None:
-            self._judge_late(requests, end, rows, bucket, compute_ms)
-        self.metrics.batch(bucket, len(parts), rows, tokens, compute_ms)
+            # Judged against the warm-up of the smallest bucket that holds the batch's width: the
+            # shape the engine really ran is no longer than that one's.
+            self._judge_late(requests, end, rows, self.shapes.bucket_for(width) or bucket, compute_ms)
+        self.metrics.batch(bucket, len(parts), rows, width, tokens, compute_ms)
         for i, p in enumerate(parts):
             request = p.request
             if request.finished:

@@ -131,8 +131,8 @@ class Metrics:
 
     # -------------------------------------------------------- engine loop
 
-    def batch(self, bucket: int, texts: int, rows: int, tokens: int, compute_ms: float) -> None:
-        """A batch of ``texts`` real rows (``rows`` run, padded) holding ``tokens`` real tokens."""
+    def batch(self, bucket: int, texts: int, rows: int, width: int, tokens: int, compute_ms: float) -> None:
+        """A batch of ``texts`` real rows (``rows`` x ``width`` run, padded) holding ``tokens`` real tokens."""
         with self._lock:
             self.batches += 1
             self.batch_sizes[texts] = self.batch_sizes.get(texts, 0) + 1
@@ -141,7 +141,7 @@ class Metrics:
             s["batches"] += 1
             s["texts"] += texts
             s["tokens"] += tokens
-            s["padded_tokens"] += rows * bucket
+            s["padded_tokens"] += rows * width
 
     def engine_failed(self) -> None:
         with self._lock:

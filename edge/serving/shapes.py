@@ -33,6 +33,11 @@ class BatchShapes:
         # them on CUDA (graphs and TensorRT profiles exist only for warmed shapes).
         self._warmed = {b: [s for s in sorted(set(sizes)) if s <= self._rows[b]] for b in self.buckets}
         self.pads_to_warmed = kind == "cuda"  # a CPU gains nothing from running padding rows
+        # Columns likewise: CUDA runs a bucket's whole length (graphs and TensorRT profiles exist per
+        # shape), while a CPU engine (ONNX Runtime; TorchScript, whose profiling executor is off on a
+        # CPU) takes any length, so a batch runs at its own longest text: the columns past it are
+        # padding the engine would compute for nothing. The bucket still groups texts of like length.
+        self.pads_to_bucket = kind == "cuda"
 
     def bucket_for(self, n_tokens: int) -> int | None:
         """The smallest bucket that holds ``n_tokens``; None when none does."""
@@ -58,8 +63,14 @@ class BatchShapes:
                     return size
         return n
 
+    def width(self, bucket: int, longest: int) -> int:
+        """Tokens per row to run a batch of ``bucket`` whose longest text has ``longest`` tokens:
+        the bucket on CUDA, else the longest text (never over the bucket)."""
+        return bucket if self.pads_to_bucket else max(1, min(longest, bucket))
+
     def as_dict(self) -> dict:
         """For ``stats``: string keys only."""
         return {"buckets": list(self.buckets), "batch_caps": {str(b): r for b, r in self._rows.items()},
                 "max_text_tokens": self.max_text_tokens, "device_kind": self.kind,
+                "pads_to_bucket": self.pads_to_bucket,
                 "warm_shapes": [list(s) for s in self.warm_shapes()], "warm_repeats": self.warm_repeats}

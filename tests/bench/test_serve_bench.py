@@ -94,7 +94,8 @@ def test_quick_run_writes_a_complete_record(minilm_package, tmp_path):
         assert _finite_positive(rec["ratios"][key]), (key, rec["ratios"])
     assert rec["ratios"]["padding_efficiency"] <= 1.0
     assert math.isfinite(rec["ratios"]["lone_overhead_ms"])  # a difference: may be negative
-    assert set(rec["passed"]) == set(rec["goals"]) == {"vs_ceiling", "vs_glue", "lone_overhead_ms", "padding_efficiency"}
+    assert set(rec["passed"]) == set(rec["goals"]) == {"vs_ceiling", "vs_glue", "lone_overhead_ms", "padding_efficiency",
+                                                            "scaling"}
 
     assert _finite_positive(rec["ceiling"]["texts_per_s"])
     assert set(rec["ceiling"]["by_bucket"]) <= {"16", "32", "64", "128", "256"}

@@ -140,8 +140,11 @@ def test_bucket_choice_padding_and_truncation(make_server, make_client):
     for row, t in zip(r.embeddings, texts):
         np.testing.assert_allclose(row, expect(t), rtol=1e-6, atol=1e-6)
     assert engine.padding_violations == 0
-    assert {b for _, b in engine.calls} == {8, 16, 32, 64}
-    assert all(rows <= {8: 8, 16: 8, 32: 8, 64: 4}[b] for rows, b in engine.calls)
+    # A CPU runs each batch at its longest text, within the bucket that grouped it: the 17-token
+    # text is bucket 32's only one, so 17 columns, never 32; bucket 64's texts are 64 long.
+    widths = {w for _, w in engine.calls}
+    assert 17 in widths and 32 not in widths and 64 in widths and max(widths) <= 64, engine.calls
+    assert all(rows <= 8 and rows * w <= 256 for rows, w in engine.calls)
     with pytest.raises(EdgeError) as ei:
         c.embed([text_of_tokens(65)], truncate=False)
     assert ei.value.code == E.TOO_MANY_TOKENS
@@ -170,6 +173,25 @@ def test_busy_engine_batches_waiting_requests(make_server, make_client):
     stats = c.stats()
     assert stats["batches"]["sizes"] == {"1": 1, "3": 1, "8": 1}
     assert 0 < stats["batches"]["padding_efficiency"] < 1
+
+
+def test_a_cpu_batch_runs_at_its_longest_text(make_server, make_client):
+    """Two texts of bucket 16 (9 and 11 tokens) queued together run as one 2 x 11 batch, and the
+    padding the stats count is of that shape (11 columns, not the bucket's 16)."""
+    engine = FakeEngine()
+    server = make_server(engine)
+    c = make_client(server)
+    engine.release.clear()
+    c.send("infer", {"texts": ["first"], "request_id": 0})
+    assert engine.running.wait(5)
+    c.send("infer", {"texts": [text_of_tokens(9), text_of_tokens(11)], "request_id": 1})
+    wait_in_flight(server, 2)
+    engine.release.set()
+    replies = by_rid(collect(c, 2))
+    assert sorted(replies) == [0, 1] and replies[1].body["buckets"] == [16, 16]
+    assert engine.calls[-1] == (2, 11) and engine.padding_violations == 0
+    by_bucket = c.stats()["batches"]["by_bucket"]["16"]
+    assert by_bucket["tokens"] == 20 and by_bucket["padded_tokens"] == 22
 
 
 def test_warmed_batch_padding_defaults_to_cuda_only(make_server):
@@ -429,7 +451,8 @@ def test_stats_content(make_server, make_client):
     assert s["replies_ok"]["infer"] == 1 and s["texts_accepted"] == 2
     assert s["errors"] == [{"code": 1005, "name": "EMPTY_TEXT", "count": 1}]
     assert s["latency_ms"]["total"]["count"] == 1 and sum(s["latency_ms"]["compute"]["counts"]) == 2
-    assert s["batches"]["by_bucket"]["8"]["tokens"] == 4 and s["batches"]["by_bucket"]["32"]["padded_tokens"] == 32
+    # the 20-token text runs alone in bucket 32: 20 columns on a CPU, all of them real
+    assert s["batches"]["by_bucket"]["8"]["tokens"] == 4 and s["batches"]["by_bucket"]["32"]["padded_tokens"] == 20
     assert s["settings"]["buckets"] == [8, 16, 32, 64] and s["settings"]["batch_caps"]["64"] == 4
     assert s["queue"] == {"texts": 0, "max_texts": 64, "tokens": 0, "max_queued_tokens": 4096, "in_flight": 0,
                           "pending_text_bytes": 0, "max_pending_text_bytes": 32 << 20,

@@ -65,8 +65,8 @@ def test_counters_by_type_code_bucket_and_reason():
     m.error(ErrorCode.OVERLOADED)
     m.error(ErrorCode.OVERLOADED)
     m.reply_dropped("hwm")
-    m.batch(8, texts=2, rows=2, tokens=11, compute_ms=1.0)
-    m.batch(16, texts=1, rows=4, tokens=9, compute_ms=1.0)  # padded up to 4 rows (CUDA)
+    m.batch(8, texts=2, rows=2, width=8, tokens=11, compute_ms=1.0)
+    m.batch(16, texts=1, rows=4, width=16, tokens=9, compute_ms=1.0)  # padded up to 4 rows and the bucket (CUDA)
     m.engine_failed()
     found = _exposition(snapshot_families(m.snapshot(), caps=[8, 4]))
     assert value(found, "edge_requests_total", type="infer") == 2

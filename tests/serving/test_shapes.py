@@ -61,3 +61,11 @@ def test_warm_settings_are_validated():
         ServingSettings.model_validate({"warm": {"tpu": {"repeats": 1}}})
     with pytest.raises(Invalid, match="serving.warm.cpu.repeats"):
         ServingSettings.model_validate({"warm": {"cpu": {"repeats": 0}}})
+
+
+def test_width_is_the_bucket_on_cuda_and_the_longest_text_on_a_cpu():
+    cpu, cuda = shapes("cpu"), shapes("cuda")
+    assert not cpu.pads_to_bucket and cuda.pads_to_bucket
+    assert [cpu.width(32, n) for n in (17, 20, 32)] == [17, 20, 32]
+    assert cpu.width(32, 40) == 32 and cpu.width(16, 0) == 1  # never over the bucket, never empty
+    assert [cuda.width(32, n) for n in (17, 32)] == [32, 32]

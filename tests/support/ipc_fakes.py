@@ -70,7 +70,7 @@ class FakeEngine:
     def __init__(self, sleep_s: float = 0.0, fail_on: int | None = None) -> None:
         self.sleep_s = sleep_s
         self.fail_on = fail_on
-        self.calls: list[tuple[int, int]] = []  # (rows, bucket) of each run
+        self.calls: list[tuple[int, int]] = []  # (rows, tokens) of each run: the bucket's, or the longest text's on a CPU
         self.padding_violations = 0
         self.lock = threading.Lock()
         self.release = threading.Event()
@@ -80,6 +80,8 @@ class FakeEngine:
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         assert input_ids.dtype == np.int64 and attention_mask.dtype == np.int64
         assert input_ids.shape == attention_mask.shape
+        # An engine takes the arrays' memory as it lies (ORT's C API): rows must be contiguous.
+        assert input_ids.flags.c_contiguous and attention_mask.flags.c_contiguous
         self.running.set()
         self.release.wait(30.0)
         if self.sleep_s:
