@@ -6,8 +6,6 @@ resolver look at manifests and hashes only.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,10 @@ import pytest
 from edge.errors import ErrorCode, PackageError
 from edge.preload.fallback import FallbackSpec
 from edge.preload.fallback_package import resolve_fallback
-from edge.preload.manifest import Manifest, manifest_digest, model_digest, open_package
+from edge.preload.manifest import Manifest, open_package
 from edge.preload.schema import Invalid
+from support.packages import write_small_package
+
 
 SHA = "ab" * 32
 PACKAGE_FB = {"kind": "package", "path": "fallback", "package_sha256": SHA, "engine": "onnxruntime", "device": "cpu"}
@@ -26,23 +26,8 @@ DEVICE_FB = {"kind": "device", "engine": "onnxruntime", "device": "cpu"}
 def write_package(root: Path, files: dict[str, bytes] | None = None, fallback: dict | None = None, **fields) -> dict:
     """A valid package at ``root`` whose files hold ``files``; returns its manifest."""
     files = {"model.ort": b"ort bytes", "tokenizer.fb": b"tokenizer bytes"} if files is None else files
-    root.mkdir(parents=True, exist_ok=True)
-    entries = {}
-    for name, content in files.items():
-        (root / name).write_bytes(content)
-        entries[name] = {"sha256": hashlib.sha256(content).hexdigest(), "size": len(content)}
-    data = {"format_version": 1, "name": root.name, "files": entries,
-            "model_sha256": model_digest({n: e["sha256"] for n, e in entries.items()}),
-            "tokenizer_sha256": entries.get("tokenizer.fb", {}).get("sha256"),
-            "inputs": [], "outputs": [{"name": "embedding", "dtype": "float32", "shape": ["batch", 4]}],
-            "output_dim": 4, "max_seq_length": 16, "pooling": "mean", "normalize": True, "vocab_size": 10,
-            "engines": {"onnxruntime": {"files": ["model.ort"], "file": "model.ort"}}, "serving": {},
-            "source": {}, "tool_versions": {}, **fields}
-    if fallback is not None:
-        data["fallback"] = fallback
-    data["package_sha256"] = manifest_digest(data)
-    (root / "manifest.json").write_text(json.dumps(data))
-    return data
+    extra = {"fallback": fallback} if fallback is not None else {}
+    return write_small_package(root, files, fsverity=False, **fields, **extra)
 
 
 def manifest(**fields) -> dict:

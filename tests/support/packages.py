@@ -14,10 +14,11 @@ __all__ = ["SMALL_FILES", "write_small_package"]
 SMALL_FILES = {"model.ort": b"ort bytes " * 1000, "tokenizer.fb": b"tokenizer bytes"}
 
 
-def write_small_package(root: Path, files: dict[str, bytes] = SMALL_FILES,
-                        digests: dict[str, str] | None = None) -> dict:
-    """A valid package at ``root`` whose manifest gives each file's fs-verity digest (``digests``
-    instead of the computed ones); returns the manifest."""
+def write_small_package(root: Path, files: dict[str, bytes] = SMALL_FILES, digests: dict[str, str] | None = None,
+                        *, fsverity: bool = True, **fields) -> dict:
+    """A valid package at ``root`` holding ``files``; returns its manifest. With ``fsverity`` the
+    manifest gives each file's fs-verity digest (``digests`` instead of the computed ones);
+    ``fields``: more manifest fields (``fallback``, ``selftest``, ...), as given."""
     root.mkdir(parents=True, exist_ok=True)
     entries = {}
     for name, content in files.items():
@@ -29,9 +30,10 @@ def write_small_package(root: Path, files: dict[str, bytes] = SMALL_FILES,
             "inputs": [], "outputs": [{"name": "embedding", "dtype": "float32", "shape": ["batch", 4]}],
             "output_dim": 4, "max_seq_length": 16, "pooling": "mean", "normalize": True, "vocab_size": 10,
             "engines": {"onnxruntime": {"files": ["model.ort"], "file": "model.ort"}}, "serving": {},
-            "source": {}, "tool_versions": {},
-            "fsverity": {"algorithm": verity.ALGORITHM, "block_size": verity.BLOCK_SIZE,
-                         "digests": digests or {n: verity.file_digest(root / n) for n in files}}}
+            "source": {}, "tool_versions": {}, **fields}
+    if fsverity:
+        data["fsverity"] = {"algorithm": verity.ALGORITHM, "block_size": verity.BLOCK_SIZE,
+                            "digests": digests or {n: verity.file_digest(root / n) for n in files}}
     data["package_sha256"] = manifest_digest(data)
     (root / "manifest.json").write_text(json.dumps(data))
     return data
