@@ -162,6 +162,12 @@ def test_busy_engine_batches_waiting_requests(make_server, make_client):
     for i in range(1, 12):  # 11 texts of bucket 8 queue up behind the running batch
         c.send("infer", {"texts": [f"t{i} x"], "request_id": i})
     wait_in_flight(server, 12)  # all 11 are queued before the engine is released
+    # ... and tokenized: the tokenize stage hands them to the engine loop on its own thread, which
+    # a busy machine delays; the loop, held in run(), takes them once the engine returns.
+    deadline = time.monotonic() + 10
+    while len(server.core.loop._intake) < 11:
+        assert time.monotonic() < deadline, f"{len(server.core.loop._intake)} of 11 requests reached the engine loop"
+        time.sleep(0.002)
     engine.release.set()
     replies = by_rid(collect(c, 12))
     assert sorted(replies) == list(range(12))
