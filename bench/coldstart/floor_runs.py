@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 from bench.coldstart.client import Client, embed_and_check
-from bench.coldstart.launch import STOP_TIMEOUT_S, RunFailed, RunResult, clean_env, now_ns
-from edge.runtime.launch import boot_argv, boot_env
+from bench.coldstart.launch import STOP_TIMEOUT_S, RunFailed, RunResult, clean_env, now_ns, start_timed
+from edge.runtime.launch import boot_argv
 from edge.system.readiness import stop_process
 
 __all__ = ["FLOOR_SCRIPT", "FLOOR_SOCKET", "FloorBundle", "embedding_hex", "floor_bundle", "floor_interpreter",
@@ -81,10 +81,7 @@ def run_floor(workdir: Path, text: str, reference, *, timeout_s: float = 120.0) 
     address = f"ipc://{workdir}/{FLOOR_SOCKET}"
     log = workdir / "floor.log"
     cmd = [*floor_interpreter(), str(FLOOR_SCRIPT), "--bind", address, "--embedding-hex", embedding_hex(reference)]
-    with open(log, "wb") as out:
-        t0 = now_ns()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                                env=boot_env(clean_env({"EDGE_EXEC_BOOTTIME_NS": str(t0)})))
+    proc, t0 = start_timed(cmd, workdir, log)
     client = Client(address)
     try:
         end, body, cos = embed_and_check(client, proc, text, reference, t0 + int(timeout_s * 1e9), log)

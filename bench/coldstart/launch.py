@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MIN_COSINE", "STOP_TIMEOUT_S", "RunFailed", "RunResult", "clean_env", "cosine", "decode_f32le",
+__all__ = ["MIN_COSINE", "STOP_TIMEOUT_S", "RunFailed", "RunResult", "clean_env", "cosine", "decode_f32le", "start_timed",
            "log_tail", "now_ns"]
 
 MIN_COSINE = 0.9999
@@ -86,3 +87,15 @@ def clean_env(extra: dict) -> dict:
     env.pop("NOTIFY_SOCKET", None)  # never tell our own service manager that the runtime is ready
     env.update(extra)
     return env
+
+
+def start_timed(cmd: list[str], workdir: Path, log: Path) -> tuple[subprocess.Popen, int]:
+    """Exec ``cmd`` in ``workdir`` with the runtime's environment (output to ``log``); the process
+    and the clock taken just before the exec, which the child gets as EDGE_EXEC_BOOTTIME_NS."""
+    from edge.runtime.launch import boot_env
+
+    with open(log, "wb") as out:
+        t0 = now_ns()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
+                                env=boot_env(clean_env({"EDGE_EXEC_BOOTTIME_NS": str(t0)})))
+    return proc, t0

@@ -16,9 +16,9 @@ import zmq
 
 from bench.coldstart.args import UsageError
 from bench.coldstart.client import Client, embed_and_check
-from bench.coldstart.launch import STOP_TIMEOUT_S, RunFailed, RunResult, clean_env, now_ns
+from bench.coldstart.launch import STOP_TIMEOUT_S, RunFailed, RunResult, clean_env, now_ns, start_timed
 from edge.system import socket_dir
-from edge.runtime.launch import boot_argv, boot_env
+from edge.runtime.launch import boot_argv
 from edge.system.readiness import stop_process
 
 __all__ = ["bundle_contract", "check_address_free", "prepare_socket_dir", "run_bundle", "run_runtime"]
@@ -46,10 +46,7 @@ def run_runtime(package: Path, engine: str, workdir: Path, text: str, reference,
     args = ["--package", str(package), "--engine", engine, "--bind", address,
             "--timeline", str(workdir / "timeline.json"), *extra_args]
     cmd = [*boot_argv(), *args]  # as the bundle starts it: python -S, explicit PYTHONPATH
-    with open(log, "wb") as out:
-        t0 = now_ns()
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=workdir,
-                                env=boot_env(clean_env({"EDGE_EXEC_BOOTTIME_NS": str(t0)})))
+    proc, t0 = start_timed(cmd, workdir, log)
     client = Client(address)
     try:
         end, body, cos = embed_and_check(client, proc, text, reference, t0 + int(timeout_s * 1e9), log)
