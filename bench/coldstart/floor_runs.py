@@ -143,7 +143,7 @@ def floor_bundle(bundle: Path, workdir: Path, reference, nofile: int | None = No
 def run_floor_bundle(fb: FloorBundle, workdir: Path, text: str, reference, *, timeout_s: float = 120.0,
                      runc: str = "runc") -> RunResult:
     """``runc run`` of the floor's bundle (as root): exec of runc to first correct reply."""
-    from bench.coldstart.runtime_runs import _runc_kill
+    from bench.coldstart.runtime_runs import stop_container
 
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "floor.log"
@@ -164,11 +164,7 @@ def run_floor_bundle(fb: FloorBundle, workdir: Path, text: str, reference, *, ti
         _check_floor(body, fb.container_address)
     finally:
         client.close()
-        try:
-            stop_process(proc, STOP_TIMEOUT_S, terminate=_runc_kill(runc_bin, cid, "TERM"),
-                         kill=_runc_kill(runc_bin, cid, "KILL"))
-        finally:
-            subprocess.run([runc_bin, "delete", "-f", cid], capture_output=True)
+        stop_container(proc, runc_bin, cid)
     return _result(end - t0, t0, body, cos, proc.pid)
 
 

@@ -138,6 +138,15 @@ def _runc_kill(runc: str, cid: str, sig: str):
     return lambda _proc: subprocess.run([runc, "kill", cid, sig], capture_output=True)
 
 
+def stop_container(proc: subprocess.Popen, runc_bin: str, cid: str) -> None:
+    """Stop ``runc run``'s container (TERM, then KILL, through runc) and delete its state."""
+    try:
+        stop_process(proc, STOP_TIMEOUT_S, terminate=_runc_kill(runc_bin, cid, "TERM"),
+                     kill=_runc_kill(runc_bin, cid, "KILL"))
+    finally:
+        subprocess.run([runc_bin, "delete", "-f", cid], capture_output=True)
+
+
 def run_bundle(bundle: Path, workdir: Path, text: str, reference, *, timeout_s: float = 120.0,
                runc: str = "runc") -> RunResult:
     """``runc run --bundle DIR ID`` (as root), exec of runc to first correct reply at ``address``.
@@ -174,11 +183,7 @@ def run_bundle(bundle: Path, workdir: Path, text: str, reference, *, timeout_s: 
             mapped = [str(root / p.lstrip("/")) for p in _mapped_files(host_pid)] if host_pid else []
     finally:
         client.close()
-        try:
-            stop_process(proc, STOP_TIMEOUT_S, terminate=_runc_kill(runc_bin, cid, "TERM"),
-                         kill=_runc_kill(runc_bin, cid, "KILL"))
-        finally:
-            subprocess.run([runc_bin, "delete", "-f", cid], capture_output=True)
+        stop_container(proc, runc_bin, cid)
     result = _runtime_result("bundle", end - t0, timeline, body, cos, proc.pid, mapped, offset_ms)
     result.phases["container_start"] = [0.0, round(offset_ms, 3)]
     # The runtime's "interpreter" stage starts at its own origin; ours is runc's exec.
