@@ -2,8 +2,8 @@
 
 An ipc socket is guarded by its file's mode (``edge/ipc/endpoint.py``); TCP has no such
 thing: every local user reaches 127.0.0.1, and the network reaches 0.0.0.0. With keys the
-server's ROUTER is a CURVE server (the traffic is encrypted) and a ZAP handler, zmq.auth's
-``ThreadAuthenticator`` on the server's context, accepts only the client public keys found in
+server's ROUTER is a CURVE server (the traffic is encrypted) and a ZAP handler
+(:mod:`edge.ipc.zap`) on the server's context accepts only the client public keys found in
 ``DIR/authorized_clients`` when the server binds. A client without keys, or with a key that is
 not there, gets no reply: the handshake fails and libzmq tells neither application.
 
@@ -15,8 +15,8 @@ The key directory (``edge keys generate``, ``edge/commands/keys.py``; ZeroMQ's c
       authorized_clients/     0700; NAME.key: the public keys the server accepts (read at bind)
       clients/                0700; NAME.key, NAME.key_secret (0600): a client's pair (--client-key)
 
-Imported at boot for :func:`server_curve` (standard library only); zmq.auth (asyncio and a
-thread, ~50 ms of import) is imported only when keys are used.
+Imported at boot for :func:`server_curve` (standard library only); the key files' reader
+(zmq.auth.certs) and the ZAP handler are imported only when keys are used.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from zmq.auth.thread import ThreadAuthenticator
+    from edge.ipc.zap import ZapHandler
 
 __all__ = ["SERVER_PUBLIC", "SERVER_SECRET", "AUTHORIZED", "CLIENTS", "KeyFileError", "is_loopback", "create_key_files",
            "load_key_file", "ServerCurve", "server_curve", "ClientCurve", "client_curve"]
@@ -104,7 +104,7 @@ class ServerCurve:
         self.secret_file = os.path.join(self.dir, SERVER_SECRET)
         self.authorized = os.path.join(self.dir, AUTHORIZED)
         self.public_key: bytes | None = None  # Z85, once applied
-        self._auth: ThreadAuthenticator | None = None  # the ThreadAuthenticator, started by the first apply()
+        self._auth: ZapHandler | None = None  # the ZAP handler, started by the first apply()
 
     def apply(self, router, ctx) -> None:
         """Make ``router`` a CURVE server and start the ZAP handler on ``ctx``. Call it before
@@ -119,15 +119,13 @@ class ServerCurve:
         except KeyFileError as exc:
             raise BootError(str(exc), setting=_KEYS_SETTING) from None
         if self._auth is None:  # a bind() retried on the same server keeps its handler
-            import logging
-
-            from zmq.auth.thread import ThreadAuthenticator
+            from edge.ipc.zap import ZapHandler
 
             # Its lines (ALLOWED / DENIED with the client's key) reach the JSON log at --log-level debug.
-            auth = ThreadAuthenticator(ctx, log=logging.getLogger("edge.zap"))
+            auth = ZapHandler(ctx)
             auth.start()
             self._auth = auth
-        self._auth.configure_curve(domain="*", location=self.authorized)
+        self._auth.configure(clients)
         router.curve_secretkey = secret
         router.curve_publickey = public
         router.curve_server = True
@@ -153,11 +151,16 @@ class ServerCurve:
                                f"({exc.strerror})") from None
         return sorted(glob.glob(os.path.join(glob.escape(self.authorized), "*.key")))
 
-    def stop(self) -> None:
-        """Stop the ZAP handler (before the context's term(), which its socket would hold up)."""
+    def stop(self) -> bool:
+        """Stop the ZAP handler (before the context's term(), which its socket would hold up);
+        False (and a warning) if its thread did not end: then term() must not be called."""
         auth, self._auth = self._auth, None
-        if auth is not None:
-            auth.stop()
+        if auth is None or auth.stop():
+            return True
+        from edge.system.log import log
+
+        log("serve.zap_stuck", level="warning", why="the ZAP handler's thread did not end; the context is left open")
+        return False
 
 
 def server_curve(keys_dir: str | None, bind: str) -> ServerCurve | None:

@@ -197,9 +197,8 @@ class IpcServer:
             self._conns.close()
         if self._router is not None:
             self._router.close(self.linger_ms)  # queued replies may leave for this long (term() waits for them)
-        if self._curve is not None:  # its ZAP socket would hold up term()
-            self._curve.stop()
-        if loop_done:  # an engine stuck in run() keeps the process busy; term() could wait on it
+        zap_done = self._curve is None or self._curve.stop()  # its ZAP socket would hold up term()
+        if loop_done and zap_done:  # an engine stuck in run(), or the ZAP thread, would hold up term()
             self._ctx.term()
         if self._ipc_path and self._ipc_inode is not None:
             remove_ipc_file(self._ipc_path, self._ipc_inode)
