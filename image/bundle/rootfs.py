@@ -100,6 +100,16 @@ def _startup_files(trace: Trace) -> set[str]:
 # in some environments): always copied when the host has them, so two builds do not differ by a race.
 LATE_READS = ("/etc/os-release", "/etc/ssl/openssl.cnf", "/etc/ssl/certs/ca-certificates.crt")
 
+
+def _tls_late_reads() -> set[str]:
+    """The paths OpenSSL itself opens for :data:`LATE_READS`: its configuration and CA file under
+    its own directory (Debian's ``/usr/lib/ssl/openssl.cnf``, a link into ``/etc/ssl``). Copying
+    only the link's target left the link to the race: one build had it, the next did not."""
+    import ssl
+
+    cafile = ssl.get_default_verify_paths().openssl_cafile
+    return {os.path.join(os.path.dirname(cafile), "openssl.cnf"), cafile} if cafile else set()
+
 # Packages copied whole: their modules are imported lazily, after READY (prometheus_client: by the
 # metrics publisher, image/bundle/metrics.py), so the trace may not see them all.
 WHOLE_PACKAGES = ("edge", "prometheus_client")
@@ -132,7 +142,7 @@ def select_files(trace: Trace, exclude: list[str], layout: Layout) -> list[str]:
     host's records its own paths and times; the rootfs's is compiled in place,
     :meth:`Rootfs.compile_bytecode`) nor a ``pyvenv.cfg`` (the container names its prefix).
     """
-    wanted = trace.all_paths() | _startup_files(trace) | _programs(trace) | set(LATE_READS)
+    wanted = trace.all_paths() | _startup_files(trace) | _programs(trace) | set(LATE_READS) | _tls_late_reads()
     wanted |= {f for name in WHOLE_PACKAGES for f in _package_files(trace, name)}
     wanted |= {i for f in list(wanted) if (i := elf_interpreter(f))}
     wanted |= _sibling_links(wanted)
