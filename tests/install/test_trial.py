@@ -90,6 +90,40 @@ def test_pre_start_on_a_committed_device_does_not_import_pydantic(root, archives
     assert out.stdout.split() == ["0", "False", "False"], out.stderr
 
 
+def _pre_start_in_a_new_process(root) -> list[str]:
+    code = ("import sys; from edge.update.install.trial import main; rc = main(['pre-start', '--root', sys.argv[1]]); "
+            "print(rc, 'pydantic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=REPO_ROOT,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()[-2:]
+
+
+def test_the_installs_own_restart_has_its_try_taken_and_its_pre_start_loads_no_pydantic(root, archives, monkeypatch):
+    from edge.update.install import installer
+
+    layout = DeviceLayout(root)
+    install(archives[1], layout, restart=False)
+    mark_good(layout)
+    monkeypatch.setattr(installer, "restarts", lambda layout, wanted: wanted)  # as on the system's root
+    monkeypatch.setattr(installer, "restart_unit", lambda *a, **k: "restarted (test)")
+    install(archives[2], layout)
+    state = load_state(layout)
+    assert state.trial.tries_left == TRIAL_TRIES - 1 and state.history[-1].event == "try"
+    assert "the install's restart" in state.history[-1].detail and layout.try_taken_file.exists()
+    assert _pre_start_in_a_new_process(root) == ["0", "False"]  # the restart's start: its try is taken
+    assert not layout.try_taken_file.exists() and load_state(layout).trial.tries_left == TRIAL_TRIES - 1
+    assert pre_start(layout) == EXIT["done"]  # the next start takes a try of its own
+    assert load_state(layout).trial.tries_left == TRIAL_TRIES - 2
+
+
+def test_a_token_of_another_trial_is_not_a_try(root, archives):
+    layout = _two_installed(root, archives)
+    layout.try_taken_file.write_bytes(b"b 2026-01-01T00:00:00Z\n")  # left from an earlier trial of slot b
+    assert pre_start(layout) == EXIT["done"]
+    assert load_state(layout).trial.tries_left == TRIAL_TRIES - 1 and not layout.try_taken_file.exists()
+
+
 def test_bad_arguments_exit_2(capsys):
     for argv in (["nope"], ["watch", "--sustain", "-1"], ["watch", "--interval", "x"]):
         try:

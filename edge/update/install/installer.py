@@ -51,12 +51,13 @@ from edge.update.install import archive as fmt
 from edge.update.install.cache import prune_caches
 from edge.update.install.compat import check_compatible, check_space, device_facts
 from edge.update.install.errors import InstallError, NotReady, Refused, RestartFailed
-from edge.update.install.fsio import DirLock, Busy, fsync_dir, switch_symlink
+from edge.update.install.fsio import DirLock, Busy, atomic_write, fsync_dir, switch_symlink
 from edge.update.install.fsverity import enable_package_verity
 from edge.update.install.host_paths import MAX_META_BYTES, META, HostDirs, check_host, check_meta, host_dirs
 from edge.update.install.layout import SLOT_BUNDLE, DeviceLayout, SlotName
 from edge.update.install.slots import check_slot, install_target, recover
 from edge.update.install.staging import Staged, journal, stage_snapshot
+from edge.update.install.trial import try_token
 from edge.update.install.state import (TRIAL_TRIES, InstallState, SlotRecord, SnapshotNote, Trial, TrialStatus, now,
                                        save_state)
 from edge.update.install.unpack import UnpackStats, unpack
@@ -153,7 +154,11 @@ def switch(layout: DeviceLayout, slot: str) -> None:
 
 
 def record(layout: DeviceLayout, state: InstallState, slot: SlotName, archive: Path, manifest, manifest_bytes: bytes,
-           live: SlotName | None, staged: Staged | None = None) -> InstallState:
+           live: SlotName | None, staged: Staged | None = None, *, takes_try: bool = False) -> InstallState:
+    """The new slot, live and on trial. ``takes_try``: the install restarts the unit next, so it
+    takes that start's try here (loaded already) and leaves the token that tells the start's
+    pre-start so (``edge-trial``); the state is saved first, so a crash between the two costs a
+    try, never grants one."""
     st = state.model_copy(deep=True)
     note = None if staged is None else SnapshotNote(taken=staged.taken, detail=staged.detail, at=now())
     st.slots[slot] = SlotRecord(bundle_sha256=manifest.bundle_sha256,
@@ -168,7 +173,13 @@ def record(layout: DeviceLayout, state: InstallState, slot: SlotName, archive: P
     if staged is not None:
         st.add("snapshot", slot, staged.detail if staged.taken else
                f"none before the switch, so its first start is fresh: {staged.detail}")
+    layout.try_taken_file.unlink(missing_ok=True)
+    if takes_try:
+        st.trial.tries_left -= 1
+        st.add("try", slot, f"start 1 of {TRIAL_TRIES} on trial: the install's restart")
     save_state(layout, st)
+    if takes_try:
+        atomic_write(layout.try_taken_file, try_token(st.model_dump(mode="json")["trial"]))
     return st
 
 
@@ -213,15 +224,19 @@ def prepare_sockets(layout: DeviceLayout) -> str | None:
     return f"socket directory {path}: {'; '.join(changed)}" if changed else None
 
 
+def restarts(layout: DeviceLayout, wanted: bool) -> bool:
+    """Whether :func:`restart_unit` restarts the unit: asked to, on this system's root."""
+    return wanted and layout.is_system_root
+
+
 def restart_unit(layout: DeviceLayout, wanted: bool, *, block: bool = True, reset_failed: bool = False,
                  unit: str = UNIT) -> str:
     """``systemctl restart edge``. ``block=False`` only queues it: the trial's watcher is stopped
     with the unit it restarts (BindsTo=), so it must not wait for it. ``reset_failed`` first
     clears a unit that failed (its start limit hit), which systemd would not start again."""
-    if not wanted:
-        return "restart skipped (--no-restart)"
-    if not layout.is_system_root:
-        return f"restart skipped (--root {layout.root} is not this system's root)"
+    if not restarts(layout, wanted):
+        return ("restart skipped (--no-restart)" if not wanted else
+                f"restart skipped (--root {layout.root} is not this system's root)")
     cmds = [["systemctl", "daemon-reload"]]
     if reset_failed:
         cmds.append(["systemctl", "reset-failed", f"{unit}.service"])
@@ -283,7 +298,8 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
             t = time.monotonic()
             switch(layout, slot)
             _crash(crash_at, "after-switch")
-            record(layout, state, slot, archive, manifest, manifest_bytes, live, staged)
+            record(layout, state, slot, archive, manifest, manifest_bytes, live, staged,
+                   takes_try=restarts(layout, restart))
             timings["switch"] += time.monotonic() - t
             _crash(crash_at, "after-state")
     t = time.monotonic()

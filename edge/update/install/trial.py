@@ -32,7 +32,7 @@ from pathlib import Path
 from edge.config.argtypes import number
 from edge.update.install.layout import PACKAGE_IN_BUNDLE, SLOTS, DeviceLayout
 
-__all__ = ["EXIT", "needs_attention", "trial_slot", "pre_start", "watch", "on_failure", "main"]
+__all__ = ["EXIT", "needs_attention", "trial_slot", "try_token", "pre_start", "watch", "on_failure", "main"]
 
 EXIT = {"done": 0, "rolled_back": 1, "usage": 2, "failed": 3}  # `edge-trial` exit statuses
 SUSTAIN_S = 60.0  # the self-test passes for this long before the trial commits (s)
@@ -87,8 +87,40 @@ def needs_attention(layout: DeviceLayout) -> bool:
     return live != data.get("live") or _on_trial(data, live)
 
 
+def try_token(trial: dict) -> bytes:
+    """What names one trial in :attr:`DeviceLayout.try_taken_file`: its slot and when it began, as
+    the state file has them (plain JSON), so a file left from an earlier trial never matches."""
+    return f"{trial.get('slot')} {trial.get('since')}\n".encode()
+
+
+def _try_taken_by_install(layout: DeviceLayout) -> bool:
+    """Whether this start's try was taken already, by the install that restarts the unit (``install``:
+    its state says so, and it left the token). Standard library only, like :func:`needs_attention`:
+    it is the update's own restart, on the outage's critical path. The token is used once."""
+    if layout.leftovers():
+        return False
+    try:
+        data = _plain_state(layout)
+        token = layout.try_taken_file.read_bytes()
+    except (ValueError, OSError):
+        return False
+    live, _why = layout.live_slot()
+    if not (_on_trial(data, live) and data is not None and data.get("live") == live):
+        return False
+    if token != try_token(data["trial"]):
+        return False
+    try:
+        layout.try_taken_file.unlink()
+    except FileNotFoundError:
+        return False  # another start took it
+    return True
+
+
 def pre_start(layout: DeviceLayout) -> int:
     if not needs_attention(layout):
+        return EXIT["done"]
+    if _try_taken_by_install(layout):
+        _say("slot on trial: this start's try was taken by the install that restarted it")
         return EXIT["done"]
     from edge.update.install.errors import InstallError, NotReady
     from edge.update.install.installer import HOOK_LOCK_WAIT_S, locked, on_trial, switch_back
@@ -98,6 +130,7 @@ def pre_start(layout: DeviceLayout) -> int:
         with locked(layout, create=False, wait_s=HOOK_LOCK_WAIT_S) as (state, notes):
             for note in notes:
                 _say(note)
+            layout.try_taken_file.unlink(missing_ok=True)  # a stale one (another trial's) is never used
             live, _why = layout.live_slot()
             if not on_trial(state, live):
                 return EXIT["done"]
