@@ -414,5 +414,18 @@ def main(argv: list[str] | None = None) -> int:
     return serve(args, (start, time.clock_gettime(time.CLOCK_BOOTTIME)))
 
 
+def exit_without_finalizing(code: int) -> None:
+    """End the process without the interpreter's finalization: ~45 ms here (the engines' teardown,
+    every module's dict) that the next start waits for, on an update's outage path. Nothing is
+    lost: serve() has closed the journal, the metrics file and the timeline, each log line is
+    flushed as it is written, and every thread left is a daemon."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or its reader gone
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_finalizing(main())

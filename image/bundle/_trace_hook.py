@@ -92,6 +92,17 @@ def _dump():
 
 sys.addaudithook(_audit)
 atexit.register(_dump)
+_real_exit = os._exit
+
+
+def _dump_then_exit(code):
+    """The runtime ends with os._exit (edge/boot.py ``exit_without_finalizing``): no atexit then."""
+    atexit.unregister(_dump)
+    _dump()
+    _real_exit(code)
+
+
+os._exit = _dump_then_exit
 
 import edge.system.notify as _notify_module  # noqa: E402 - after the hook, so its files are recorded
 
