@@ -54,10 +54,9 @@ from edge.update.install.errors import InstallError, NotReady, Refused, RestartF
 from edge.update.install.fsio import DirLock, Busy, atomic_write, fsync_dir, switch_symlink
 from edge.update.install.fsverity import enable_package_verity
 from edge.update.install.host_paths import MAX_META_BYTES, META, HostDirs, check_host, check_meta, host_dirs
-from edge.update.install.layout import SLOT_BUNDLE, DeviceLayout, SlotName
+from edge.update.install.layout import SLOT_BUNDLE, DeviceLayout, SlotName, try_token
 from edge.update.install.slots import check_slot, install_target, recover
 from edge.update.install.staging import Staged, journal, stage_snapshot
-from edge.update.install.trial import try_token
 from edge.update.install.state import (TRIAL_TRIES, InstallState, SlotRecord, SnapshotNote, Trial, TrialStatus, now,
                                        save_state)
 from edge.update.install.unpack import UnpackStats, unpack

@@ -32,6 +32,12 @@ def other_slot(name: str) -> SlotName:
     return SLOTS[1 - SLOTS.index(name)]
 
 
+def try_token(trial: dict) -> bytes:
+    """What names one trial in :attr:`DeviceLayout.try_taken_file`: its slot and when it began, as
+    the state file has them (plain JSON), so a file left from an earlier trial never matches."""
+    return f"{trial.get('slot')} {trial.get('since')}\n".encode()
+
+
 class DeviceLayout:
     """The paths of one device root ("/" on the device; a directory in tests or for a rootfs
     being prepared for flashing)."""

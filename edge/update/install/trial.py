@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from edge.config.argtypes import number
-from edge.update.install.layout import PACKAGE_IN_BUNDLE, SLOTS, DeviceLayout
+from edge.update.install.layout import PACKAGE_IN_BUNDLE, SLOTS, DeviceLayout, try_token
 
-__all__ = ["EXIT", "needs_attention", "trial_slot", "try_token", "pre_start", "watch", "on_failure", "main"]
+__all__ = ["EXIT", "needs_attention", "trial_slot", "pre_start", "watch", "on_failure", "main"]
 
 EXIT = {"done": 0, "rolled_back": 1, "usage": 2, "failed": 3}  # `edge-trial` exit statuses
 SUSTAIN_S = 60.0  # the self-test passes for this long before the trial commits (s)
@@ -85,12 +85,6 @@ def needs_attention(layout: DeviceLayout) -> bool:
     if why:
         return False  # current is not ours: nothing here can fix it (status says so)
     return live != data.get("live") or _on_trial(data, live)
-
-
-def try_token(trial: dict) -> bytes:
-    """What names one trial in :attr:`DeviceLayout.try_taken_file`: its slot and when it began, as
-    the state file has them (plain JSON), so a file left from an earlier trial never matches."""
-    return f"{trial.get('slot')} {trial.get('since')}\n".encode()
 
 
 def _try_taken_by_install(layout: DeviceLayout) -> bool:
