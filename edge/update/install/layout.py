@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["DeviceLayout", "SlotName", "SLOTS", "SLOT_MANIFEST", "SLOT_SIGNATURE", "SLOT_BUNDLE", "PACKAGE_IN_BUNDLE", "other_slot"]
+__all__ = ["DeviceLayout", "SlotName", "try_token", "SLOTS", "SLOT_MANIFEST", "SLOT_SIGNATURE", "SLOT_BUNDLE", "PACKAGE_IN_BUNDLE", "other_slot"]
 
 SlotName = Literal["a", "b"]
 SLOTS: tuple[SlotName, SlotName] = ("a", "b")  # at most two: the live one and the one an update goes to (or a rollback returns to)
