@@ -146,9 +146,28 @@ class EngineLoop:
         self._current = []
 
     def _compute(self, bucket: int, parts: list[Part], route: Route = Route.PRIMARY,
-                 until: float = 0.0) -> tuple[np.ndarray, int, int, int, float]:
-        """Pad the parts into the bucket's buffers and run the engine ``route`` names: (out (rows, D),
-        rows, width, tokens, start). ``until``: when to stop waiting for a primary on its worker."""
+                 until: float = 0.0) -> tuple[np.ndarray, int, int, int, int, float]:
+        """Run the parts on the engine ``route`` names, in the calls :meth:`BatchShapes.groups`
+        cuts them into: (out (len(parts), D) in the parts' order, rows and width of the batch's
+        envelope (what the breaker judges), real tokens, padded tokens run, start). ``until``:
+        when to stop waiting for a primary on its worker."""
+        calls = self.shapes.groups([len(p.ids) for p in parts])
+        start = self._clock()
+        out: np.ndarray | None = None
+        padded = 0
+        for call in calls:
+            rows, width, got = self._call(bucket, [parts[i] for i in call], route, until)
+            if out is None:
+                out = np.empty((len(parts), got.shape[1]), dtype=np.float32)
+            out[call] = got[:len(call)]
+            padded += rows * width
+        assert out is not None  # a batch has a part
+        rows = self.shapes.padded_rows(len(parts), bucket)
+        width = self.shapes.width(bucket, max(len(p.ids) for p in parts))
+        return out, rows, width, sum(len(p.ids) for p in parts), padded, start
+
+    def _call(self, bucket: int, parts: list[Part], route: Route, until: float) -> tuple[int, int, np.ndarray]:
+        """One engine call: the parts padded into the bucket's buffers; (rows, width, out (rows, D))."""
         n = len(parts)
         ids_buf, mask_buf = (self._fallback().buffers if route is Route.FALLBACK else self.buffers)[bucket]
         rows = self.shapes.padded_rows(n, bucket)
@@ -159,16 +178,13 @@ class EngineLoop:
         mask = mask_buf.reshape(-1)[: rows * width].reshape(rows, width)
         ids.fill(self.pad_id)
         mask.fill(0)
-        tokens = 0
         for i, p in enumerate(parts):
             k = len(p.ids)
             ids[i, :k] = p.ids
             mask[i, :k] = 1
-            tokens += k
         if rows > n:  # rows added to reach a warmed shape repeat the first one; their outputs are dropped
             ids[n:] = ids[0]
             mask[n:] = mask[0]
-        start = self._clock()
         if route is Route.FALLBACK:
             out = np.asarray(self._fallback().engine.run(ids, mask))  # (rows, D) float32
         else:
@@ -176,7 +192,7 @@ class EngineLoop:
         if out.ndim != 2 or out.shape[0] != rows or (self._dim is not None and out.shape[1] != self._dim):
             raise ValueError(f"engine returned shape {out.shape}, expected ({rows}, {self._dim or 'D'})")
         self._dim = out.shape[1]
-        return out, rows, width, tokens, start
+        return rows, width, out
 
     def _fallback(self) -> Fallback:
         """The fallback, on Route.FALLBACK: the breaker routes there only when one is configured."""
@@ -266,7 +282,7 @@ class EngineLoop:
             return
         until = max(r.deadline if r.deadline is not None else r.eff_deadline for r in requests)
         try:
-            out, rows, width, tokens, start = self._compute(bucket, parts, route, until)
+            out, rows, width, tokens, padded, start = self._compute(bucket, parts, route, until)
         except Exception as exc:
             self._batch_failed(bucket, parts, requests, route, exc)
             return
@@ -282,7 +298,7 @@ class EngineLoop:
             # Judged against the warm-up of the smallest bucket that holds the batch's width: the
             # shape the engine really ran is no longer than that one's.
             self._judge_late(requests, end, rows, self.shapes.bucket_for(width) or bucket, compute_ms)
-        self.metrics.batch(bucket, len(parts), rows, width, tokens, compute_ms)
+        self.metrics.batch(bucket, len(parts), rows, width, tokens, compute_ms, padded_tokens=padded)
         for i, p in enumerate(parts):
             request = p.request
             if request.finished:

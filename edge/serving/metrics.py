@@ -131,8 +131,10 @@ class Metrics:
 
     # -------------------------------------------------------- engine loop
 
-    def batch(self, bucket: int, texts: int, rows: int, width: int, tokens: int, compute_ms: float) -> None:
-        """A batch of ``texts`` real rows (``rows`` x ``width`` run, padded) holding ``tokens`` real tokens."""
+    def batch(self, bucket: int, texts: int, rows: int, width: int, tokens: int, compute_ms: float,
+              padded_tokens: int | None = None) -> None:
+        """A batch of ``texts`` real rows (``rows`` x ``width`` run, padded) holding ``tokens`` real tokens;
+        ``padded_tokens``: what its engine calls ran in all, when they were several (else rows x width)."""
         with self._lock:
             self.batches += 1
             self.batch_sizes[texts] = self.batch_sizes.get(texts, 0) + 1
@@ -141,7 +143,7 @@ class Metrics:
             s["batches"] += 1
             s["texts"] += texts
             s["tokens"] += tokens
-            s["padded_tokens"] += rows * width
+            s["padded_tokens"] += rows * width if padded_tokens is None else padded_tokens
 
     def engine_failed(self) -> None:
         with self._lock:

@@ -200,6 +200,31 @@ def test_a_cpu_batch_runs_at_its_longest_text(make_server, make_client):
     assert by_bucket["tokens"] == 20 and by_bucket["padded_tokens"] == 22
 
 
+def test_a_cpu_batch_of_short_texts_and_one_long_runs_as_two_calls_and_answers_in_order(make_server, make_client):
+    """Bucket 32: seven 17-token texts and one of 32 run as 7 x 17 and 1 x 32 (151 padded tokens,
+    not 8 x 32 = 256: BatchShapes.groups), and each embedding is its own text's, where it was sent."""
+    engine = FakeEngine()
+    server = make_server(engine)
+    c = make_client(server)
+    texts = [text_of_tokens(17, word=f"s{i}x") for i in range(7)]
+    texts.insert(3, text_of_tokens(32, word="long"))
+    engine.release.clear()
+    c.send("infer", {"texts": ["first"], "request_id": 0})
+    assert engine.running.wait(5)
+    c.send("infer", {"texts": texts, "request_id": 1})
+    wait_in_flight(server, 2)
+    engine.release.set()
+    replies = by_rid(collect(c, 2))
+    assert replies[1].body["buckets"] == [32] * 8
+    assert engine.calls[-2:] == [(7, 17), (1, 32)] and engine.padding_violations == 0
+    by_bucket = c.stats()["batches"]["by_bucket"]["32"]
+    assert by_bucket["batches"] == 1 and by_bucket["tokens"] == 7 * 17 + 32 and by_bucket["padded_tokens"] == 151
+    got = P.embeddings_from_frame(replies[1].extra[0], 8, replies[1].body["dim"])
+    for i, text in enumerate(texts):  # each alone, the same engine
+        ids = np.asarray([FakeTokenizer().encode(text).ids], dtype=np.int64)
+        np.testing.assert_allclose(got[i], engine.run(ids, np.ones_like(ids))[0], rtol=1e-6)
+
+
 def test_warmed_batch_padding_defaults_to_cuda_only(make_server):
     cpu = make_server(FakeEngine(), serving={"batch_sizes": [1, 2, 4, 8]}, name="cpu.sock")
     gpu_engine = FakeEngine()

@@ -69,3 +69,31 @@ def test_width_is_the_bucket_on_cuda_and_the_longest_text_on_a_cpu():
     assert [cpu.width(32, n) for n in (17, 20, 32)] == [17, 20, 32]
     assert cpu.width(32, 40) == 32 and cpu.width(16, 0) == 1  # never over the bucket, never empty
     assert [cuda.width(32, n) for n in (17, 32)] == [32, 32]
+
+
+def _brute_cost(lengths, groups, call_cost):
+    return sum(len(g) * max(lengths[i] for i in g) + call_cost for g in groups)
+
+
+def test_a_cpu_batch_is_cut_into_calls_only_where_the_padding_saved_pays_for_a_call():
+    from itertools import combinations
+
+    from edge.serving.shapes import CALL_COST_TOKENS
+
+    cpu = shapes("cpu")
+    assert cpu.groups([40]) == [[0]] and cpu.groups([]) == [[]]
+    assert cpu.groups([20, 21, 22, 23]) == [[0, 1, 2, 3]]  # cutting saves less than a call
+    mixed = [34] * 30 + [64]  # one long text would make thirty run 64 wide
+    runs = cpu.groups(mixed)
+    assert runs == [list(range(30)), [30]]
+    assert sorted(i for r in runs for i in r) == list(range(len(mixed)))
+    # optimal: no split of the sorted texts into runs costs less (every cut set, 8 texts)
+    lengths = [17, 60, 18, 33, 61, 19, 40, 64]
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    best = min(_brute_cost(lengths, [order[a:b] for a, b in zip((0, *cuts), (*cuts, len(order)))], CALL_COST_TOKENS)
+               for k in range(len(order)) for cuts in combinations(range(1, len(order)), k))
+    assert _brute_cost(lengths, cpu.groups(lengths), CALL_COST_TOKENS) == best
+
+
+def test_cuda_runs_a_batch_in_one_call_in_its_order():
+    assert shapes("cuda").groups([34, 64, 20]) == [[0, 1, 2]]
