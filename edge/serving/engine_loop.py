@@ -151,7 +151,8 @@ class EngineLoop:
         cuts them into: (out (len(parts), D) in the parts' order, rows and width of the batch's
         envelope (what the breaker judges), real tokens, padded tokens run, start). ``until``:
         when to stop waiting for a primary on its worker."""
-        calls = self.shapes.groups([len(p.ids) for p in parts])
+        lengths = [len(p.ids) for p in parts]
+        calls = self.shapes.groups(lengths)
         start = self._clock()
         out: np.ndarray | None = None
         padded = 0
@@ -163,8 +164,8 @@ class EngineLoop:
             padded += rows * width
         assert out is not None  # a batch has a part
         rows = self.shapes.padded_rows(len(parts), bucket)
-        width = self.shapes.width(bucket, max(len(p.ids) for p in parts))
-        return out, rows, width, sum(len(p.ids) for p in parts), padded, start
+        width = self.shapes.width(bucket, max(lengths))
+        return out, rows, width, sum(lengths), padded, start
 
     def _call(self, bucket: int, parts: list[Part], route: Route, until: float) -> tuple[int, int, np.ndarray]:
         """One engine call: the parts padded into the bucket's buffers; (rows, width, out (rows, D))."""

@@ -110,6 +110,7 @@ def _tls_late_reads() -> set[str]:
     cafile = ssl.get_default_verify_paths().openssl_cafile
     return {os.path.join(os.path.dirname(cafile), "openssl.cnf"), cafile} if cafile else set()
 
+
 # Packages copied whole: their modules are imported lazily, after READY (prometheus_client: by the
 # metrics publisher, image/bundle/metrics.py), so the trace may not see them all.
 WHOLE_PACKAGES = ("edge", "prometheus_client")
