@@ -12,6 +12,7 @@ fast loop.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import tempfile
@@ -28,7 +29,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # The runtimes the tests start, as root, would keep their request journal in the device's
 # /var/lib/edge/runtime (docs/trace.md); they get a directory of this test run instead.
-os.environ.setdefault("EDGE_STATE_DIR", tempfile.mkdtemp(prefix="edge-tests-state-"))
+# The directory goes with the run that made it: 26 MB a run, hundreds of runs fill /tmp.
+if "EDGE_STATE_DIR" not in os.environ:
+    os.environ["EDGE_STATE_DIR"] = tempfile.mkdtemp(prefix="edge-tests-state-")
+    atexit.register(shutil.rmtree, os.environ["EDGE_STATE_DIR"], ignore_errors=True)
 _CODE = ["image/package.py", "image/export_model.py", "edge/preload/manifest.py", "edge/preload/serving_settings.py", "image/tokenizer/*.py",
          "image/tokenizer/*.json", "edge/preload/tokenizer.fbs", "edge/preload/tokenizer_fb/*.py"]
 
