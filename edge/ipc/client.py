@@ -111,6 +111,10 @@ class EdgeClient:
         except TimeoutError:
             self.reset()
             raise
+        if reply.is_error and reply.body.get("code") == ErrorCode.SHUTTING_DOWN:
+            # This server is going. The next request connects again, to whichever server holds the
+            # address by then: after an update's handover the new runtime serves there already.
+            self.reset()
         return raise_for_error(reply)
 
     # ------------------------------------------------------------ typed

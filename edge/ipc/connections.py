@@ -74,7 +74,9 @@ class Connections:
         self._open: set[int] = set()  # numbers of the connections open now
         self._next = UNKNOWN_CONN + 1
         self.parked = False
-        self._retired = False  # shutting down: the socket file is gone for good (stop_accepting)
+        self._retired = False  # shutting down, or handed over: the socket file is gone for good
+        self.inode: int | None = None  # our socket file's, once bound (the server sets it)
+        self.handed_over = False  # another server took our address over (edge/ipc/endpoint.py take_over_ipc_file)
         self.parks = 0  # times the socket file was parked
         self.peak = 0  # most connections held at once
 
@@ -144,8 +146,15 @@ class Connections:
         assert self._path is not None and self._parked_dir is not None
         return self._path, self._parked_dir
 
+    def moved(self, path: str) -> None:
+        """Our socket file is at ``path`` now (the server took over another's address)."""
+        self._path = path
+        self._parked_dir = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.parked")
+
     def _park(self) -> None:
         path, parked_dir = self._files()
+        if self.inode is not None and _inode(path) != self.inode:
+            return  # another server's file now (it took our address over): never move it
         try:
             os.mkdir(parked_dir, 0o700)
         except FileExistsError:
@@ -165,38 +174,63 @@ class Connections:
 
     def _restore(self) -> None:
         path, parked_dir = self._files()
+        parked = os.path.join(parked_dir, "sock")
         try:
-            os.rename(os.path.join(parked_dir, "sock"), path)
-            os.rmdir(parked_dir)
+            # link, then unlink: unlike a rename, it never replaces a file that another server put
+            # at the address while ours was parked (a handover, edge/ipc/endpoint.py take_over_ipc_file).
+            os.link(parked, path)
         except FileNotFoundError:
             pass
+        except FileExistsError:  # the address is another server's now: ours goes, for good
+            self.handed_over = self._retired = True
+            self.parked = False
+            with contextlib.suppress(OSError):
+                os.unlink(parked)
+                os.rmdir(parked_dir)
+            return
         except OSError:
             return
+        with contextlib.suppress(OSError):
+            os.unlink(parked)
+            os.rmdir(parked_dir)
         self.parked = False
         from edge.system.log import log
 
         log("ipc.connections_restored", level="info", open=len(self._by_fd))
 
-    def stop_accepting(self, inode: int | None) -> None:
+    def stop_accepting(self, inode: int | None) -> bool:
         """Shutdown, before the last reads: remove the socket file (parked or not) for good, so no
         new connection comes while the open ones are read to the end and answered. They keep
         working both ways; ``zmq_unbind`` would close them, and their replies with them.
-        Nothing to do on tcp: its listener cannot be closed alone."""
+        Nothing to do on tcp: its listener cannot be closed alone. False when the address was
+        another server's by then (it took it over: ``handed_over``), whose file stays."""
         if self._path is None or self._retired:
-            return
+            return not self.handed_over
         self._retired = True
         if inode is not None:
-            remove_ipc_file(os.path.join(self._files()[1], "sock") if self.parked else self._path, inode)
+            if self.parked:
+                remove_ipc_file(os.path.join(self._files()[1], "sock"), inode)
+                self.handed_over = _inode(self._path) not in (None, inode)
+            elif not remove_ipc_file(self._path, inode):
+                self.handed_over = True
         if self.parked:
             with contextlib.suppress(OSError):
                 os.rmdir(self._files()[1])
             self.parked = False
+        return not self.handed_over
 
     def close(self) -> None:
         """Put a parked socket file back (the server removes it on close) and stop monitoring."""
         if self.parked:
             self._restore()
         self.monitor.close(0)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_ino
+    except OSError:
+        return None
 
 
 def _peer_credentials(fd: int) -> str | None:

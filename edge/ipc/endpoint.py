@@ -17,7 +17,8 @@ import os
 import stat
 
 __all__ = ["AddressError", "normalize_address", "default_address", "default_bind_address", "ipc_path",
-           "check_ipc_server", "check_socket_dir", "prepare_ipc_path", "bind_router", "remove_ipc_file"]
+           "check_ipc_server", "check_socket_dir", "prepare_ipc_path", "bind_router", "remove_ipc_file",
+           "take_over_ipc_file"]
 
 FORMS = "ipc://PATH, tcp://HOST:PORT, a socket path, or HOST:PORT"
 MAX_IPC_PATH = 107  # bytes: sun_path of an AF_UNIX address, less its terminating NUL
@@ -227,10 +228,25 @@ def bind_router(router, address: str) -> tuple[str, int | None]:
     return router.getsockopt_string(zmq.LAST_ENDPOINT), os.stat(path).st_ino
 
 
-def remove_ipc_file(path: str, inode: int) -> None:
-    """Unlink our socket file, unless another server has bound a new one there since."""
+def remove_ipc_file(path: str, inode: int) -> bool:
+    """Unlink our socket file, unless another server has bound a new one there since (or took the
+    name over: :func:`take_over_ipc_file`); False when the file there is another's."""
     try:
-        if os.stat(path).st_ino == inode:
-            os.unlink(path)
+        if os.stat(path).st_ino != inode:
+            return False
+        os.unlink(path)
     except FileNotFoundError:
         pass
+    return True
+
+
+def take_over_ipc_file(own: str, inode: int, live: str) -> None:
+    """Rename our socket file ``own`` over ``live``, the address the clients use, at once: a client
+    connecting finds the old server's file or ours, never none (``rename(2)`` replaces atomically).
+    The old server keeps its open connections; it removes only a file with its own inode
+    (:func:`remove_ipc_file`), so its stop leaves ours. Raises OSError when ``own`` is not ours."""
+    if os.stat(own).st_ino != inode:
+        raise OSError(errno.EEXIST, "the socket file is no longer this server's", own)
+    if os.path.dirname(own) != os.path.dirname(live):
+        raise OSError(errno.EXDEV, f"{own} and {live} are not in one directory", own)
+    os.rename(own, live)

@@ -35,7 +35,8 @@ from edge.ipc import protocol as P
 from edge.ipc.connections import UNKNOWN_CONN, Connections, connection_cap
 from edge.ipc.drain import FinalReads, read_to_the_end
 from edge.ipc.replies import Peer, health_reply, peer_address, result_frames, split_envelope, stats_reply
-from edge.ipc.endpoint import bind_router, default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file
+from edge.ipc.endpoint import (bind_router, default_bind_address, ipc_path, prepare_ipc_path, remove_ipc_file,
+                               take_over_ipc_file)
 from edge.ipc.validate import parse_request
 from edge.system.log import debug_enabled, log, log_exception
 from edge.serving.core import ServingCore
@@ -88,6 +89,9 @@ class IpcServer:
         # Requests from other threads, read by the I/O thread after a wake-up.
         self._drain_requested = False
         self._ready_requested = False
+        self._take_over: str | None = None  # the address to take over (its socket file path)
+        self._took_over = threading.Event()
+        self._take_over_error: str | None = None
         self._state_changed = threading.Condition()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -126,6 +130,7 @@ class IpcServer:
                 self._ipc_lock = prepare_ipc_path(self._ipc_path)
             self._conns = Connections(router, self._ipc_path, self.max_connections)  # before bind: sees them all
             self.address, self._ipc_inode = bind_router(router, self.bind_address)
+            self._conns.inode = self._ipc_inode
         except Exception:
             if self._conns is not None:
                 self._conns.close()
@@ -151,6 +156,43 @@ class IpcServer:
         self._ready_requested = True
         self._wake()
         return self._wait_state(lambda s: s is not Lifecycle.BOOTING, timeout_s)
+
+    def take_over(self, address: str, timeout_s: float = 5.0) -> None:
+        """Move our ipc socket file over ``address``, another server's (a handover: docs/update.md,
+        "Beside the old runtime"): from now on new connections come here, while the old server
+        keeps and answers its own until it drains. On the I/O thread, which owns the file's
+        other moves (parking). Raises OSError when it could not, and the address stays the other's."""
+        live = ipc_path(address)
+        if live is None or self._ipc_path is None:
+            raise OSError(f"only an ipc:// server takes over an ipc:// address, not {address!r}")
+        self._take_over = live
+        if self._io_thread is None:
+            self._take_over_now()
+        else:
+            self._wake()
+            if not self._took_over.wait(timeout_s):
+                raise OSError(f"the I/O thread did not take over {address} within {timeout_s:g} s")
+        if self._take_over_error is not None:
+            raise OSError(self._take_over_error)
+
+    @property
+    def handed_over(self) -> bool:
+        """True once another server took our address over (seen when the drain removes the file)."""
+        return self._conns is not None and self._conns.handed_over
+
+    def _take_over_now(self) -> None:
+        live, self._take_over = self._take_over, None
+        assert live is not None and self._ipc_path is not None and self._ipc_inode is not None
+        try:
+            take_over_ipc_file(self._ipc_path, self._ipc_inode, live)
+        except OSError as exc:
+            self._take_over_error = f"cannot take over {live}: {exc}"
+        else:
+            log("ipc.took_over", address=f"ipc://{live}", own=self._ipc_path)
+            self._ipc_path = live
+            self._bound()[1].moved(live)
+            self.address = f"ipc://{live}"
+        self._took_over.set()
 
     def request_drain(self, timeout_s: float = 5.0) -> bool:
         """Stop taking infer requests, finish those in flight, then stop; True once the I/O
@@ -253,6 +295,8 @@ class IpcServer:
             self._close()
 
     def _on_wake(self) -> None:
+        if self._take_over is not None:
+            self._take_over_now()
         if self._ready_requested and self._state is Lifecycle.BOOTING:
             self._set_state(Lifecycle.READY)
         if self._drain_requested and self._drain_deadline is None:
@@ -282,7 +326,8 @@ class IpcServer:
         """Nothing in flight: take the socket file away, answer every message the socket still
         holds or receives until it falls silent (bounded: edge/ipc/drain.py), then return to close."""
         router, conns = self._bound()
-        conns.stop_accepting(self._ipc_inode)
+        if not conns.stop_accepting(self._ipc_inode):
+            log("shutdown.handed_over", address=self.address)  # the address serves on: another server's now
         self.last_reads = summary = read_to_the_end(router, self._on_message, self.final_reads)
         self._send_results()  # late outcomes of requests answered already: nothing is sent for them
         if summary["read"] or summary["cut"]:  # a quiet stop logs draining, done and nothing between
