@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 # command line and the engine's thread need; json and pathlib (10-15 ms with re) come with the
 # manifest's reader, while the engine's library loads beside it.
 _IMPORTED_BOOTTIME_S = time.clock_gettime(time.CLOCK_BOOTTIME)
+# A runtime restored beside another waits this long (s) for what that one holds until it has stopped
+# (the journal's lock, a --metrics-listen port): its drain (10 s),
+# the engine loop's stop (2 s) and LINGER (1 s) end within it; edge-supervise kills it at 15 s.
+HANDOVER_WAIT_S = 20.0
 
 __all__ = ["main", "boot", "serve"]
 
@@ -104,9 +108,9 @@ def lineage_of(manifest, engine):
                    edge_commit=code_commit())
 
 
-def _snapshot_point(args, pkg, bind: str, timeline: Timeline, stop) -> Timeline | None:
-    """Wait at the snapshot point (``--snapshot-point``); the timeline to go on with, or None
-    when a stop signal came first (``edge/runtime/snapshot.py``)."""
+def _snapshot_point(args, pkg, bind: str, timeline: Timeline, stop) -> tuple[Timeline, dict] | None:
+    """Wait at the snapshot point (``--snapshot-point``); the timeline to go on with and the resume
+    record, or None when a stop signal came first (``edge/runtime/snapshot.py``)."""
     from edge.runtime.snapshot import pause_for_snapshot
 
     spec = pkg.manifest.engines[args.engine]
@@ -172,12 +176,16 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
     from edge.serving.core import ServingCore
 
     bind = args.bind or default_address()
+    beside = None  # restored beside a runtime that still serves: the file name bound first
     if args.snapshot_point:
-        restored = _snapshot_point(args, pkg, bind, timeline, stop or threading.Event())
-        if restored is None:
+        resumed = _snapshot_point(args, pkg, bind, timeline, stop or threading.Event())
+        if resumed is None:
             return None, {"bind": bind, "package": str(package_dir)}
-        timeline = restored
+        timeline, resume = resumed
         stages = Stages(timeline)
+        from edge.runtime.snapshot import beside_name
+
+        beside = stages.run(beside_name, resume, setting="restart the unit") if bind.startswith("ipc://") else None
         if chain.pending:  # CUDA: the device stages come after the restore
             engine, shapes, buffers = chain.finish(stages)
     from edge.runtime.fallback import boot_fallback
@@ -191,15 +199,21 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
                        probe_ids=manifest.serving.warm_sample_ids)
     from edge.ipc.curve import server_curve  # --keys: CURVE on tcp:// (read in the bind stage)
 
-    server = server_mod.IpcServer(bind, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
+    own = f"ipc://{os.path.join(os.path.dirname(bind[len('ipc://'):]), beside)}" if beside else bind
+    server = server_mod.IpcServer(own, core, lineage, timeline=timeline.as_dict, drain_timeout_s=args.drain_timeout,
                                   curve=server_curve(args.keys, bind))
     from edge.observability.journal.writer import open_journal  # its queue takes replies at once; its thread starts after READY
 
     server.journal = open_journal(args, lineage.as_dict(), fallback.lineage.as_dict() if fallback else None)
-    stages.run(server.bind, setting=lambda: _bind_setting(bind), address=bind)  # computed only if it fails
+    stages.run(server.bind, setting=lambda: _bind_setting(bind), address=own)  # computed only if it fails
     stages.run(server.start, setting="--bind ADDR")
+    if beside:  # the switch: new connections come here from now on; the old runtime drains its own
+        stages.run(server.take_over, bind, setting="restart the unit (a stop, then a start)", address=bind)
+        if server.journal is not None:  # the old runtime holds the journal's lock until it has drained
+            server.journal.lock_wait_s = HANDOVER_WAIT_S
     timeline.mark_ready()
-    return server, {"bind": bind, "package": str(package_dir), "lineage": lineage.as_dict()}
+    return server, {"bind": bind, "package": str(package_dir), "lineage": lineage.as_dict(),
+                    **({"beside": beside} if beside else {})}
 
 
 def _breaker(args, has_fallback: bool):
@@ -390,7 +404,7 @@ def serve(args, parsed_s: tuple[float, float] | None = None) -> int:
         telemetry = start_sampler(server, args.telemetry_interval)
     from edge.observability.metrics.publish import start_metrics  # after READY: prometheus_client's import costs ~60-100 ms
 
-    metrics = start_metrics(args, server)
+    metrics = start_metrics(args, server, listen_wait_s=HANDOVER_WAIT_S if info.get("beside") else 0.0)
     if server.journal is not None:  # after READY: the writer creates its directories and lists segments
         server.journal.start()
     while not stop.wait(1.0):
@@ -402,8 +416,8 @@ def serve(args, parsed_s: tuple[float, float] | None = None) -> int:
     if telemetry is not None:
         telemetry.stop()
     _stop_journal(server)  # before the last metrics write, which then counts every entry
-    if metrics is not None:  # a last write: the file says stopped, with the final counts
-        metrics.stop()
+    if metrics is not None:  # a last write: the file says stopped, with the final counts; not when handed
+        metrics.stop(final_write=not server.handed_over)  # over: the file is the new runtime's (it serves on)
     log("shutdown.done", drained=drained)
     return 0 if drained else 1
 

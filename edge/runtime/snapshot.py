@@ -35,7 +35,7 @@ from edge.errors import BootError, ErrorCode
 from edge.runtime.stages import Stages
 from edge.runtime.timeline import Timeline
 
-__all__ = ["MARKER", "RESUME", "RESUME_SIGNAL", "file_identity", "pause_for_snapshot", "wait_at_snapshot_point",
+__all__ = ["MARKER", "RESUME", "RESUME_SIGNAL", "beside_name", "file_identity", "pause_for_snapshot", "wait_at_snapshot_point",
            "after_restore"]
 
 MARKER = "snapshot-point.json"  # written by the runtime when it waits
@@ -127,12 +127,25 @@ def after_restore(files: list[dict]) -> None:
                             ErrorCode.SNAPSHOT_STALE, setting="take a new snapshot (edge-bundle snapshot)")
 
 
+def beside_name(resume: dict) -> str | None:
+    """The socket file name a restored runtime binds first, in its socket's directory, when the
+    restorer asked it to start beside a runtime still serving (``beside``: docs/update.md, "Beside
+    the old runtime"); it then takes the address over once it is ready. None: bind the address."""
+    name = resume.get("beside")
+    if not isinstance(name, str):
+        return None
+    if not name.startswith(".") or "/" in name or "\0" in name or len(name) > 64 or name in (".", ".."):
+        raise BootError(f"snapshot-resume.json: beside {name!r} is not a hidden file name",
+                        ErrorCode.SNAPSHOT_STALE, setting="edge-supervise writes it; restart the unit")
+    return name
+
+
 def pause_for_snapshot(directory: Path, mapped: list[str], timeline: Timeline,
-                       stop: threading.Event) -> Timeline | None:
+                       stop: threading.Event) -> tuple[Timeline, dict] | None:
     """The snapshot point of a boot: wait there, then return the timeline the boot goes on
-    with: the same one after a plain resume; after a restore, a new one that starts when the
-    restore did, says ``start: restored`` and keeps the snapshot's own boot under ``snapshot``.
-    None when a stop signal came while waiting."""
+    with, and the resume record: the same timeline after a plain resume; after a restore, a new
+    one that starts when the restore did, says ``start: restored`` and keeps the snapshot's own
+    boot under ``snapshot``. None when a stop signal came while waiting."""
     files = [file_identity(p) for p in mapped]
     taken_ms = timeline.now_ms()
     resume = wait_at_snapshot_point(directory, files, timeline.as_dict(), stop)
@@ -141,7 +154,7 @@ def pause_for_snapshot(directory: Path, mapped: list[str], timeline: Timeline,
     resumed_s, resumed_wall_ns = time.clock_gettime(time.CLOCK_BOOTTIME), time.clock_gettime_ns(time.CLOCK_REALTIME)
     if not resume.get("restored"):
         timeline.add("snapshot_wait", taken_ms, timeline.ms_at(resumed_s))
-        return timeline
+        return timeline, resume
     started_ns = resume.get("restore_started_realtime_ns")
     took_s = (resumed_wall_ns - started_ns) / 1e9 if isinstance(started_ns, int) else 0.0
     restored = Timeline(exec_s=resumed_s - (took_s if 0 <= took_s < 600 else 0.0))  # exec: the restore's start
@@ -149,7 +162,7 @@ def pause_for_snapshot(directory: Path, mapped: list[str], timeline: Timeline,
     restored.snapshot = {**timeline.as_dict(), "snapshot_point_ms": round(taken_ms, 3)}
     restored.add("restore", 0.0, restored.ms_at(resumed_s))  # runc restore, CRIU: until the wait ended
     Stages(restored).run(restore_hook, files, setting="take a new snapshot (edge-bundle snapshot)")
-    return restored
+    return restored, resume
 
 
 def restore_hook(files: list[dict]) -> None:

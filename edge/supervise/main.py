@@ -3,6 +3,7 @@
     edge-supervise --bundle DIR [--id edge] [--runc PATH] [--interval S] [--probe-timeout S] [--snapshot auto|off]
     edge-supervise --cleanup --id edge           (ExecStopPost: runc delete --force)
     edge-supervise --probe ipc:///run/edge/edge.sock    (one health probe; exit 0 when ready)
+    edge-supervise --reload PID                  (ExecReload=: the bundle restored beside the old runtime)
     edge-supervise --stage-snapshot --bundle DIR --id ID [--nofile-limit N]
                                                  (edge-bundle install: the snapshot before the switch)
 
@@ -60,7 +61,8 @@ import time
 from edge.supervise.bundle_start import nofile_cap, nofile_differs, prepare_host, runtime_bundle
 from edge.supervise.logs import log
 from edge.supervise.probe import probe
-from edge.supervise.runc import container_stopped, run_runc, snapshot_id
+from edge.supervise.handover import Handover, Refused, other_id, stop_container
+from edge.supervise.runc import Detached, container_stopped, run_runc, snapshot_id
 from edge.supervise.snapshot import NotRestored, SnapshotTaker, discard, restore
 from edge.supervise.start_record import StartRecord
 from edge.system.notify import notify as sd_notify
@@ -68,6 +70,12 @@ from edge.system.snapshot_rules import METADATA, check_snapshot, dependencies, s
 
 READY_TIMEOUT_S = 110.0  # below the unit's TimeoutStartSec (120 s)
 STOP_TIMEOUT_S = 15.0  # runtime drains up to 10 s; below TimeoutStopSec (20 s)
+
+
+def container_ids(base):
+    """Every container id the unit may hold: the served one's two (a handover alternates them) and
+    the background snapshot's."""
+    return (base, other_id(base, base), snapshot_id(base))
 
 
 def _start_restored(bundle, run_bundle, meta, args, env, stopping, record):
@@ -95,6 +103,36 @@ def _start_restored(bundle, run_bundle, meta, args, env, stopping, record):
     return None
 
 
+def _hand_over(args, meta, cid, proc, output, env, stopping, record, seq):
+    """SIGHUP (``systemctl reload``): the bundle ``--bundle`` names now, restored beside the runtime
+    that serves, at the address once ready; then the old container stopped (edge/supervise/handover.py).
+    Returns (container, output, container id, meta) now served, or None: refused, the old one serves on."""
+    record.stamp("handover_requested", handover={"seq": seq, "state": "running"})
+    sd_notify("STATUS=reload: restoring the bundle beside the runtime that serves")
+    h = Handover(args, meta, cid, env, stopping, record)
+    try:
+        container, new_output, bundle, new_meta = h.run()
+    except Refused as exc:
+        log("supervise.handover_refused", reason=str(exc)[-2000:])
+        record.stamp(handover={"seq": seq, "state": "failed", "error": str(exc)[-500:]})
+        sd_notify(f"STATUS=serving on {meta['address']} (reload refused: {exc})"[:200])
+        return None
+    finally:
+        h.cleanup()
+    ended = stop_container(proc, cid, args.runc)  # it drains: every message its connections delivered is answered
+    if output is not None:
+        output.join(2.0)
+    if isinstance(proc, Detached):
+        proc.close()
+    log("supervise.handover_done", container=h.new_id, stopped=cid, stopped_on_term=ended,
+        bundle=os.path.realpath(bundle))
+    record.stamp("handover_done", container_id=h.new_id, start="restored",
+                 handover={"seq": seq, "state": "done", "container_id": h.new_id, "stopped": cid,
+                           "stopped_on_term": ended, "bundle": os.path.realpath(bundle)})
+    sd_notify(f"STATUS=serving on {new_meta['address']} (restored beside the old runtime)")
+    return container, new_output, h.new_id, new_meta
+
+
 def _wait(socks, wake_r, timeout):
     """Those of ``socks`` readable within ``timeout`` s; returns early, with none, on a signal."""
     readable = select.select([*socks, wake_r], [], [], timeout)[0]
@@ -115,8 +153,9 @@ def supervise(args):
                          bundle=bundle, address=address)
     record.stamp("supervisor")
     prepare_host(meta)
-    for cid in (args.id, snapshot_id(args.id)):  # containers left by a crash or power loss
-        run_runc(["delete", "--force", cid], args.runc)
+    for leftover in container_ids(args.id):  # containers left by a crash or power loss
+        run_runc(["delete", "--force", leftover], args.runc)
+    cid = args.id  # the container served; a handover alternates it with other_id()
     work = tempfile.mkdtemp(prefix="edge-supervise-", dir=os.environ.get("RUNTIME_DIRECTORY"))
     relay = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     relay.bind(os.path.join(work, "notify.sock"))
@@ -127,6 +166,9 @@ def supervise(args):
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.monotonic()))
     signal.signal(signal.SIGINT, lambda *_: stopping.append(time.monotonic()))
+    handovers = []  # SIGHUP: ExecReload's edge-supervise --reload (edge/supervise/handover.py)
+    signal.signal(signal.SIGHUP, lambda *_: handovers.append(time.monotonic()))
+    handover_seq = 0
     # A signal also writes a byte here, which ends the waits below at once: a stop (a restart) begins
     # within milliseconds, not after the rest of a 0.2-0.5 s sleep (edge-coldstart --unit's "stop" phase).
     wake_r, wake_w = os.pipe()
@@ -163,7 +205,7 @@ def supervise(args):
                     if time.monotonic() - t0 > READY_TIMEOUT_S:
                         log("supervise.ready_timeout", seconds=READY_TIMEOUT_S)
                         break
-                    if container_stopped(args.id, args.runc):
+                    if container_stopped(cid, args.runc):
                         died_before_ready = True
                         log("supervise.died_before_ready", seconds=round(time.monotonic() - t0, 3))
                         break
@@ -179,6 +221,18 @@ def supervise(args):
                         taker.start()
                 continue
             _wait([], wake_r, 0.2)
+            if handovers and not stopping:
+                handovers.clear()
+                handover_seq += 1
+                if taker is not None and taker.is_alive():  # the old bundle's snapshot: of no use now
+                    taker.abort()
+                    taker.join(30.0)
+                served = _hand_over(args, meta, cid, proc, output, detached_env, stopping, record, handover_seq)
+                if served is not None:
+                    proc, output, cid, meta = served
+                    address, restored, ended_on_term = meta["address"], True, False
+                    next_probe = 0.0
+                continue
             if stopping or time.monotonic() < next_probe:
                 continue
             next_probe = time.monotonic() + interval
@@ -198,14 +252,14 @@ def supervise(args):
             proc.wait()
         if proc is not None and proc.poll() is None:
             sd_notify("STOPPING=1", "STATUS=stopping")
-            run_runc(["kill", args.id, "TERM"], args.runc)
+            run_runc(["kill", cid, "TERM"], args.runc)
             try:
                 proc.wait(STOP_TIMEOUT_S)
                 ended_on_term = True
             except subprocess.TimeoutExpired:
-                run_runc(["kill", args.id, "KILL"], args.runc)
+                run_runc(["kill", cid, "KILL"], args.runc)
                 proc.wait()
-        run_runc(["delete", "--force", args.id], args.runc)
+        run_runc(["delete", "--force", cid], args.runc)
         if output is not None:
             output.join(2.0)  # the runtime's last lines (shutdown.done)
         if restored:
@@ -246,6 +300,10 @@ def main(argv=None):
                          "(needs CRIU >= 4.1); off: always start fresh, take none (default auto)")
     ap.add_argument("--cleanup", action="store_true", help="only runc delete --force the container")
     ap.add_argument("--probe", metavar="ADDRESS", help="probe once and exit 0 when ready")
+    ap.add_argument("--reload", type=int, metavar="PID",
+                    help="ExecReload=: have the supervisor PID restore --bundle's current target beside the runtime "
+                         "that serves and switch the socket to it (SIGHUP); exit 0 once the new runtime serves, 1 "
+                         "when it did not happen (the old one serves on; the reason is in the journal)")
     ap.add_argument("--stage-snapshot", action="store_true",
                     help="boot --bundle to its snapshot point in a staging container (--id; its own socket "
                          "directory, the least CPU weight) and checkpoint it into the bundle's snapshot directory, "
@@ -259,9 +317,13 @@ def main(argv=None):
         print(json.dumps({"ready": ok, "detail": detail}))
         return 0 if ok else 1
     if args.cleanup:
-        for cid in (args.id, snapshot_id(args.id)):
+        for cid in container_ids(args.id):
             run_runc(["delete", "--force", cid], args.runc)
         return 0
+    if args.reload:
+        from edge.supervise.handover import reload
+
+        return reload(args.reload, os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0])
     if not args.bundle:
         ap.error("--bundle is required")
     if args.stage_snapshot:

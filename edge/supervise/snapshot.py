@@ -65,7 +65,7 @@ def discard(snap):
         return False
 
 
-def _write_resume(socket_dir, meta, started_ns):
+def _write_resume(socket_dir, meta, started_ns, beside=None):
     """``snapshot-resume.json``, atomically, readable by the runtime; never through a link the
     runtime's user (the directory's owner) may have planted: a new file, renamed into place."""
     fd, tmp = tempfile.mkstemp(prefix=f".{RESUME}.", dir=socket_dir)
@@ -73,7 +73,8 @@ def _write_resume(socket_dir, meta, started_ns):
         os.fchown(fd, meta["user"]["uid"], meta["user"]["gid"])
         os.fchmod(fd, 0o640)
         with os.fdopen(fd, "w") as f:
-            json.dump({"restored": True, "restore_started_realtime_ns": started_ns}, f)
+            json.dump({"restored": True, "restore_started_realtime_ns": started_ns,
+                       **({"beside": beside} if beside else {})}, f)
         os.replace(tmp, os.path.join(socket_dir, RESUME))
     except BaseException:
         try:
@@ -87,14 +88,19 @@ class NotRestored(Exception):
     """Why the snapshot was not restored: the start goes on fresh."""
 
 
-def restore(snap, meta, args, env, stopping):
-    """Container ``args.id`` from the snapshot, resumed: (Detached, Output, seconds to ready, or
-    None when a stop signal came first). Returns as soon as its health probe answers ready;
-    raises NotRestored when it cannot."""
+def restore(snap, meta, args, env, stopping, *, cid=None, beside=None, switched=None):
+    """Container ``cid`` (default ``args.id``) from the snapshot, resumed: (Detached, Output,
+    seconds to ready, or None when a stop signal came first). Returns as soon as its health probe
+    answers ready; raises NotRestored when it cannot.
+
+    ``beside``: the runtime serves at the address already (a handover, edge/supervise/handover.py):
+    the restored one binds this file name in the socket directory first and takes the address
+    over once ready; ``switched()`` says when it has (the address's file is no longer the old one's)."""
+    cid = cid or args.id
     t0 = time.monotonic()
     started_ns = time.clock_gettime_ns(time.CLOCK_REALTIME)  # the runtime's restore stage starts here
     runc = subprocess.Popen([args.runc, "restore", "-d", "--image-path", os.path.join(snap, "images"),
-                             "--bundle", snap, "--file-locks", args.id], env=env, stdin=subprocess.DEVNULL,
+                             "--bundle", snap, "--file-locks", cid], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = Output(runc.stdout, forward=True)  # the restored runtime's log, to the journal
     try:
@@ -106,18 +112,21 @@ def restore(snap, meta, args, env, stopping):
     if status != 0:
         raise NotRestored(f"runc restore exited {status}: {output.tail(500)} "
                           f"{log_tail(os.path.join(snap, 'images', 'restore.log'), 800)}")
-    container = Detached(args.runc, args.id)
+    container = Detached(args.runc, cid)
     try:
         if container.poll() is not None:
             raise NotRestored(f"the restored container is not running: {output.tail()}")
-        _write_resume(meta["socket_dir"], meta, started_ns)
+        _write_resume(meta["socket_dir"], meta, started_ns, beside)
         try:  # the container's init, directly: `runc kill` would cost another exec (~20 ms)
             container.signal(signal.SIGUSR2)
         except OSError as exc:
-            raise NotRestored(f"cannot resume the restored container {args.id}: {exc}") from None
+            raise NotRestored(f"cannot resume the restored container {cid}: {exc}") from None
         detail = "no probe yet"
         while not stopping:
-            ok, detail = probe(meta["address"], 1.0)
+            if switched is not None and not switched():
+                ok, detail = False, "not at the address yet"
+            else:
+                ok, detail = probe(meta["address"], 1.0)
             if ok:
                 return container, output, time.monotonic() - t0
             if container.poll() is not None:

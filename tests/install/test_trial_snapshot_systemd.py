@@ -86,9 +86,13 @@ RESULT["before"] = serving(120)
 RESULT["v1_record"] = supervisor_settled()  # v1's own snapshot, taken behind its fresh READY, is done
 poller = HealthPoller()
 poller.start()
+load = InferLoad()
+load.start()
 time.sleep(1.0)
 RESULT["install"] = edge_bundle("install", "/archives/v2.edgebundle", "--unit", UNIT)
 RESULT["after"] = serving()
+RESULT["load"] = load.stop()
+RESULT["record"] = json.load(open("/run/edge-supervise/start.json"))
 RESULT["selftest"] = selftest()
 RESULT["status"] = wait_health("committed", 120)
 RESULT["gap"] = poller.stop()
@@ -149,8 +153,17 @@ def test_an_update_snapshotted_before_the_switch_starts_restored_and_commits(eng
               f"{staged.get('snapshot_point_s')} s, checkpoint {staged.get('checkpoint_s')} s, "
               f"{staged.get('image_bytes', 0) / 2**20:.0f} MiB; live health while staging: {staging}; "
               f"before it (the install's start, verify, unpack): {r.get('unpack')}; idle: {r['idle']}; "
-              f"restored exec to ready {r['after']['exec_to_ready_ms']} ms")
+              f"restored exec to ready {r['after']['exec_to_ready_ms']} ms; the app on one connection: {r['load']}; "
+              f"handover: {r['record'].get('handover')}")
     assert staging.get("n", 0) > 20 and staging["failed"] == 0, staging
+    # item 3: restored beside the old runtime (the reload), the socket switched, then the old one stopped:
+    # no probe ever found no server, and the app kept on one connection lost nothing (a SHUTTING_DOWN
+    # from the old runtime's drain makes the client connect again, to the new one)
+    assert "reloaded" in r["install"]["out"], r["install"]["out"]
+    handover = r["record"].get("handover") or {}
+    assert handover.get("state") == "done" and handover["stopped_on_term"], (handover, m.log_tail())
+    assert r["gap"]["failures"] == 0, r["gap"]
+    assert r["load"].get("ok", 0) > 0 and set(r["load"]) <= {"ok", "SHUTTING_DOWN"}, r["load"]
     assert staging["p99_ms"] <= HEALTH_P99_MS, staging
     again = m.boot(_REBOOT, timeout_s=300)
     assert again["start"]["rc"] == 0 and again["serving"]["bundle_sha256"] == digest["v2"], m.log_tail()
@@ -182,6 +195,7 @@ finish()
     assert r["nosnap"]["rc"] == 0, (r["nosnap"], m.log_tail())
     assert "snapshot: none, the first start is fresh" in r["nosnap"]["out"], r["nosnap"]
     assert "a snapshot needs CRIU >= 4.1" in r["nosnap"]["out"], r["nosnap"]
+    assert "(no reload:" in r["nosnap"]["out"], r["nosnap"]  # no snapshot to restore beside: stop, then start
     assert r["nosnap_serving"]["bundle_sha256"] == digest["nosnap"] and r["nosnap_serving"]["start"] == "fresh"
     budget = next(c for c in r["nosnap_selftest"]["checks"] if c["name"] == "boot_budget")["measured"]
     assert budget["judged"] == "fresh" and budget["budget"] == "fresh_boot_budget_ms", budget

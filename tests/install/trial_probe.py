@@ -191,6 +191,42 @@ class HealthPoller(threading.Thread):
         return {"answers": len(self.oks), "failures": self.fails, "max_gap_s": round(max(gaps, default=0.0), 3)}
 
 
+class InferLoad(threading.Thread):
+    """One app on one connection, kept open, sending ``infer`` requests back to back: what an update
+    does to an app that is connected when it begins. Each request's outcome: answered (ok, or an
+    error code's name) or no reply within ``timeout_s`` (then the client reconnects)."""
+
+    def __init__(self, timeout_s: float = 5.0) -> None:
+        super().__init__(daemon=True)
+        self.timeout_s = timeout_s
+        self.outcomes: dict[str, int] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        from edge.errors import EdgeError
+        from edge.ipc.client import EdgeClient
+
+        client = EdgeClient(address(), timeout_s=self.timeout_s)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    client.embed(["an app's request during the update"])
+                    outcome = "ok"
+                except EdgeError as exc:
+                    outcome = exc.code.name
+                    time.sleep(0.01)
+                except TimeoutError:
+                    outcome = "no_reply"
+                self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        finally:
+            client.close()
+
+    def stop(self) -> dict:
+        self.stopping.set()
+        self.join(self.timeout_s + 5)
+        return dict(self.outcomes)
+
+
 def finish() -> None:
     with open("/out/result.json", "w") as f:
         json.dump(RESULT, f, indent=2)

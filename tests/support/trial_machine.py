@@ -197,7 +197,7 @@ class Machine:
             killed = boot_to_poweroff(self.command(scenario), self.work / f"boot-{self.boots}.log", timeout_s,
                                       kill_when=kill_when, describe=self.log_tail, env=env)
         finally:
-            for cid in (self.unit, f"{self.unit}-snapshot", f"{self.unit}-staging"):  # their state was on nspawn's /run
+            for cid in (self.unit, f"{self.unit}-b", f"{self.unit}-snapshot", f"{self.unit}-staging"):  # their state was on nspawn's /run
                 subprocess.run(["runc", "delete", "--force", cid], capture_output=True)
         if killed is not None:
             return {"killed": killed}

@@ -62,6 +62,10 @@ def list_segments(directory: str) -> list[tuple[int, str, int]]:
     return out
 
 
+
+class JournalLocked(OSError):
+    """Another runtime holds the journal directory's lock."""
+
 class SegmentFiles:
     def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None,
                  cap: ByteCap | None = None) -> None:
@@ -99,7 +103,7 @@ class SegmentFiles:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise OSError(f"another runtime writes the journal in {self.directory} (its .lock is held)") from None
+            raise JournalLocked(f"another runtime writes the journal in {self.directory} (its .lock is held)") from None
         self._lock_fd = fd
         last = 0
         for seq, path, size in list_segments(self.directory):

@@ -35,7 +35,7 @@ from typing import Any
 from edge.observability.journal.budget import ByteCap, CapFull
 from edge.observability.journal.format import entry_line, lineage_id
 from edge.observability.journal.rejected import SAMPLE_BYTES, RejectedStore
-from edge.observability.journal.segments import SegmentFiles
+from edge.observability.journal.segments import JournalLocked, SegmentFiles
 
 __all__ = ["Journal", "open_journal", "QUEUE_MAX", "YIELD_EVERY", "NO_SPACE", "RETRY_S", "RETRY_MAX_S"]
 
@@ -93,6 +93,7 @@ class Journal:
         # bundle's read-only root, another runtime's lock) is a warning, not an error.
         self.explicit = explicit
         self._pid = os.getpid()
+        self.lock_wait_s = 0.0  # how long the writer waits for another runtime's lock (boot sets it)
         self._q: deque = deque()
         self._wake = threading.Event()
         self._stopping = False
@@ -206,7 +207,7 @@ class Journal:
     def _open(self) -> None:
         if self.segments is not None:
             try:
-                self.segments.open()
+                self._open_segments()
             except OSError as exc:
                 self._write_error("journal", exc)
         if self.rejected is not None:
@@ -219,6 +220,21 @@ class Journal:
                 self.cap.make_room(0)
             except (OSError, ValueError):
                 pass  # a deletion failed: the next write tries again, and reports it
+
+    def _open_segments(self) -> None:
+        """Open the segments; while another runtime holds their lock, try again for ``lock_wait_s``
+        (a runtime restored beside the one it replaces: that one writes until it has drained).
+        Replies noted meanwhile wait in the queue, within its bound."""
+        assert self.segments is not None
+        give_up = time.monotonic() + self.lock_wait_s
+        while True:
+            try:
+                self.segments.open()
+                return
+            except JournalLocked:
+                if self._stopping or time.monotonic() >= give_up:
+                    raise
+                time.sleep(0.05)
 
     def _drain(self) -> None:
         q = self._q

@@ -15,6 +15,7 @@ installed and the directory writable, without importing either module.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable
@@ -148,7 +149,8 @@ class MetricsPublisher:
         self._http.start()
 
 
-def start_metrics(args, server: Any, telemetry: Callable[[], dict | None] | None = None) -> MetricsPublisher | None:
+def start_metrics(args, server: Any, telemetry: Callable[[], dict | None] | None = None, *,
+                  listen_wait_s: float = 0.0) -> MetricsPublisher | None:
     """After READY: the publisher ``args`` asks for, started; None when no flag asks.
 
     A failure here (the listen port is taken) is logged and the runtime serves on: READY is
@@ -176,7 +178,35 @@ def start_metrics(args, server: Any, telemetry: Callable[[], dict | None] | None
             host, port = publisher.address
             fields["listen"] = f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
         except OSError as exc:
-            log("metrics.listen_failed", level="error", listen=args.metrics_listen, error=str(exc),
-                setting="--metrics-listen HOST:PORT")
+            if exc.errno == errno.EADDRINUSE and listen_wait_s > 0:
+                _listen_later(publisher, args.metrics_listen, listen_wait_s)
+            else:
+                log("metrics.listen_failed", level="error", listen=args.metrics_listen, error=str(exc),
+                    setting="--metrics-listen HOST:PORT")
     log("metrics.started", interval_s=args.metrics_interval, **fields)
     return publisher
+
+
+def _listen_later(publisher: MetricsPublisher, listen: str, wait_s: float) -> None:
+    """Bind the listener once the port is free, within ``wait_s``, on a thread: the runtime this one
+    replaces (restored beside it) holds the port until it has drained."""
+    import time
+
+    from edge.config.argtypes import parse_listen
+    from edge.system.log import log
+
+    def run() -> None:
+        give_up = time.monotonic() + wait_s
+        while not publisher._stop.wait(0.1):
+            try:
+                publisher.start_listener(*parse_listen(listen))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or time.monotonic() >= give_up:
+                    log("metrics.listen_failed", level="error", listen=listen, error=str(exc),
+                        setting="--metrics-listen HOST:PORT")
+                    return
+                continue
+            log("metrics.listening", listen=listen, waited_s=round(wait_s - (give_up - time.monotonic()), 3))
+            return
+
+    threading.Thread(target=run, name="edge-metrics-listen", daemon=True).start()

@@ -26,8 +26,9 @@ install (docs/archive.md, "On the device"):
 10. ``restart``: the new bundle's host directories made ready (edge/system/socket_dir.py, as
    edge-supervise does at each start: a root ``edge serve``'s leftovers removed), resolved and
    checked again as ``check_host`` does; then ``systemctl daemon-reload`` (the unit's drop-in
-   follows ``current``) and ``systemctl restart edge``; skipped with ``--no-restart`` or a root
-   other than ``/``.
+   follows ``current``) and ``systemctl reload edge`` (the new bundle restored beside the old
+   runtime, :func:`reload_unit`), or ``systemctl restart edge`` where that fails; skipped with
+   ``--no-restart`` or a root other than ``/``.
 
 Should preparing the directories fail after the switch, the install stands with a warning:
 edge-supervise prepares them again, or refuses them, at the start.
@@ -250,6 +251,33 @@ def restart_unit(layout: DeviceLayout, wanted: bool, *, block: bool = True, rese
     return f"restarted {unit}.service" if block else f"restart of {unit}.service queued"
 
 
+def _systemctl(*args: str) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=RESTART_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def reload_unit(layout: DeviceLayout, wanted: bool, *, unit: str = UNIT) -> str:
+    """After the switch: ``systemctl reload edge``, which restores the new bundle beside the old
+    runtime and switches the socket to it once ready (edge/supervise/handover.py): the stop is off
+    the outage. The try the install took is that start's, so its token goes (no pre-start runs),
+    and the trial's watcher is (re)started: a reload starts no unit. Where the reload fails (the
+    unit is not running, no snapshot, too little memory for two, a unit without ExecReload=), the
+    old runtime serves on and :func:`restart_unit` restarts the unit instead: stop, then restore."""
+    if not restarts(layout, wanted):
+        return restart_unit(layout, wanted, unit=unit)
+    reloaded = _systemctl("daemon-reload") is not None and _systemctl("reload", f"{unit}.service")
+    if reloaded and reloaded.returncode == 0:
+        layout.try_taken_file.unlink(missing_ok=True)
+        trial = _systemctl("restart", "--no-block", f"{unit}-trial.service")
+        note = "" if trial is not None and trial.returncode == 0 else (
+            f"; warning: {unit}-trial.service was not started: {(trial.stderr if trial else 'no systemctl').strip()[-200:]}")
+        return f"reloaded {unit}.service: the new bundle restored beside the old runtime, then that one stopped{note}"
+    why = (reloaded.stderr or reloaded.stdout).strip()[-300:] if reloaded else "systemctl did not run"
+    return f"{restart_unit(layout, wanted, unit=unit, reset_failed=True)} (no reload: {why or 'it failed'})"
+
+
 def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_at: str | None = None,
             assume_free: int | None = None, unit: str = UNIT, snapshot: bool = True) -> InstallReport:
     timings: dict[str, float] = {}
@@ -305,7 +333,7 @@ def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_
     notes += [n for n in (prepare_sockets(layout),) if n]
     # reset-failed: the update's starts get the unit's whole start limit (StartLimitBurst=), not
     # what earlier restarts left of it; the trial's tries (3) end a crash loop before it is spent.
-    restarted = restart_unit(layout, restart, unit=unit, reset_failed=True)
+    restarted = reload_unit(layout, restart, unit=unit)
     timings["restart"] = time.monotonic() - t
     return InstallReport(slot, live, manifest, stats, timings, restarted, notes, staged)
 
