@@ -185,7 +185,8 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         stages = Stages(timeline)
         from edge.runtime.snapshot import beside_name
 
-        beside = stages.run(beside_name, resume, setting="restart the unit") if bind.startswith("ipc://") else None
+        if "beside" in resume and bind.startswith("ipc://"):  # a handover's restore (edge-supervise asks)
+            beside = stages.run(beside_name, resume, setting="restart the unit")
         if chain.pending:  # CUDA: the device stages come after the restore
             engine, shapes, buffers = chain.finish(stages)
     from edge.runtime.fallback import boot_fallback

@@ -15,7 +15,7 @@ serving container ``edge`` (or ``edge-b``), then:
    one's, never none; edge/ipc/endpoint.py ``take_over_ipc_file``);
 3. once the address's file is the new one's and answers ready, stops the old container as a stop
    would (TERM: it drains, answering every message its connections delivered, and leaves the new
-   file; KILL after ``STOP_TIMEOUT_S``) and deletes it.
+   file; KILL after ``runc.STOP_TIMEOUT_S``) and deletes it (``runc.stop_container``).
 
 Before the switch, any failure deletes the new container and leaves the old one serving; the
 reload then fails, and ``edge-bundle install`` restarts the unit instead (stop, then restore).
@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 
@@ -38,7 +37,6 @@ from edge.supervise.start_record import START_RECORD
 from edge.system.snapshot_rules import METADATA, check_snapshot, dependencies, snapshot_dir
 from edge.system.socket_dir import SocketDirError, prepare_host_dirs
 
-STOP_TIMEOUT_S = 15.0  # the old runtime drains up to 10 s (as a stop: edge/supervise/main.py)
 MEMORY_MARGIN = 64 << 20  # bytes beyond a restore's images and mapped files
 RELOAD_TIMEOUT_S = 110.0  # --reload's wait: below the unit's TimeoutStartSec (120 s), which bounds a reload
 
@@ -119,20 +117,6 @@ def _inode(path):
         return None
 
 
-def stop_container(container, cid, runc):
-    """TERM, up to STOP_TIMEOUT_S to drain, then KILL; then delete. True when it ended on the TERM."""
-    run_runc(["kill", cid, "TERM"], runc)
-    try:
-        container.wait(STOP_TIMEOUT_S)
-        ended = True
-    except subprocess.TimeoutExpired:
-        run_runc(["kill", cid, "KILL"], runc)
-        container.wait()
-        ended = False
-    run_runc(["delete", "--force", cid], runc)
-    return ended
-
-
 class Handover:
     """One handover, by the supervisor's main loop: :meth:`run` returns the new container."""
 
@@ -143,7 +127,7 @@ class Handover:
         self.work = None
 
     def prepare(self):
-        """The new bundle, checked: (bundle, meta, run bundle, snapshot). Raises Refused."""
+        """The new bundle, checked: (bundle, meta, snapshot directory). Raises Refused."""
         bundle = os.path.abspath(self.args.bundle)
         try:
             with open(os.path.join(bundle, METADATA)) as f:
@@ -240,5 +224,4 @@ def reload(pid, directory, timeout_s=RELOAD_TIMEOUT_S):
     return 1
 
 
-__all__ = ["Handover", "Refused", "beside_name", "memory_problem", "other_id", "reload", "restore_need",
-           "stop_container"]
+__all__ = ["Handover", "Refused", "beside_name", "memory_problem", "other_id", "reload", "restore_need"]

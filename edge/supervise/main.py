@@ -61,15 +61,14 @@ import time
 from edge.supervise.bundle_start import nofile_cap, nofile_differs, prepare_host, runtime_bundle
 from edge.supervise.logs import log
 from edge.supervise.probe import probe
-from edge.supervise.handover import Handover, Refused, other_id, stop_container
-from edge.supervise.runc import Detached, container_stopped, run_runc, snapshot_id
+from edge.supervise.handover import Handover, Refused, other_id
+from edge.supervise.runc import Detached, container_stopped, run_runc, snapshot_id, stop_container
 from edge.supervise.snapshot import NotRestored, SnapshotTaker, discard, restore
 from edge.supervise.start_record import StartRecord
 from edge.system.notify import notify as sd_notify
 from edge.system.snapshot_rules import METADATA, check_snapshot, dependencies, snapshot_dir
 
 READY_TIMEOUT_S = 110.0  # below the unit's TimeoutStartSec (120 s)
-STOP_TIMEOUT_S = 15.0  # runtime drains up to 10 s; below TimeoutStopSec (20 s)
 
 
 def container_ids(base):
@@ -252,14 +251,9 @@ def supervise(args):
             proc.wait()
         if proc is not None and proc.poll() is None:
             sd_notify("STOPPING=1", "STATUS=stopping")
-            run_runc(["kill", cid, "TERM"], args.runc)
-            try:
-                proc.wait(STOP_TIMEOUT_S)
-                ended_on_term = True
-            except subprocess.TimeoutExpired:
-                run_runc(["kill", cid, "KILL"], args.runc)
-                proc.wait()
-        run_runc(["delete", "--force", cid], args.runc)
+            ended_on_term = stop_container(proc, cid, args.runc)
+        else:
+            run_runc(["delete", "--force", cid], args.runc)
         if output is not None:
             output.join(2.0)  # the runtime's last lines (shutdown.done)
         if restored:

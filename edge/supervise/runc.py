@@ -9,6 +9,9 @@ import subprocess
 import time
 
 
+STOP_TIMEOUT_S = 15.0  # the runtime drains up to 10 s; below the unit's TimeoutStopSec (20 s)
+
+
 def run_runc(args, runc, **kw):
     return subprocess.run([runc, *args], capture_output=True, text=True, **kw)
 
@@ -16,6 +19,21 @@ def run_runc(args, runc, **kw):
 def snapshot_id(cid):
     """The id of the container that takes the snapshot beside container ``cid``."""
     return f"{cid}-snapshot"
+
+
+def stop_container(container, cid, runc):
+    """Stop container ``cid`` (its ``runc run`` Popen or a :class:`Detached`) as the unit's stop does:
+    TERM, up to STOP_TIMEOUT_S to drain, then KILL; then delete. True when it ended on the TERM."""
+    run_runc(["kill", cid, "TERM"], runc)
+    try:
+        container.wait(STOP_TIMEOUT_S)
+        ended = True
+    except subprocess.TimeoutExpired:
+        run_runc(["kill", cid, "KILL"], runc)
+        container.wait()
+        ended = False
+    run_runc(["delete", "--force", cid], runc)
+    return ended
 
 
 def container_stopped(cid, runc):

@@ -106,8 +106,10 @@ def test_the_installs_own_restart_has_its_try_taken_and_its_pre_start_loads_no_p
     install(archives[1], layout, restart=False)
     mark_good(layout)
     monkeypatch.setattr(installer, "restarts", lambda layout, wanted: wanted)  # as on the system's root
+    monkeypatch.setattr(installer, "_systemctl", _systemctl_without_reload)  # a unit without ExecReload=
     monkeypatch.setattr(installer, "restart_unit", lambda *a, **k: "restarted (test)")
-    install(archives[2], layout)
+    report = install(archives[2], layout)
+    assert report.restart.startswith("restarted (test) (no reload: Job type reload")
     state = load_state(layout)
     assert state.trial.tries_left == TRIAL_TRIES - 1 and state.history[-1].event == "try"
     assert "the install's restart" in state.history[-1].detail and layout.try_taken_file.exists()
@@ -115,6 +117,36 @@ def test_the_installs_own_restart_has_its_try_taken_and_its_pre_start_loads_no_p
     assert not layout.try_taken_file.exists() and load_state(layout).trial.tries_left == TRIAL_TRIES - 1
     assert pre_start(layout) == EXIT["done"]  # the next start takes a try of its own
     assert load_state(layout).trial.tries_left == TRIAL_TRIES - 2
+
+
+def test_an_installs_reload_uses_the_try_it_took_and_starts_the_trials_watcher(root, archives, monkeypatch):
+    from edge.update.install import installer
+
+    layout = DeviceLayout(root)
+    install(archives[1], layout, restart=False)
+    mark_good(layout)
+    calls: list[tuple[str, ...]] = []
+
+    def systemctl(*args: str) -> subprocess.CompletedProcess:
+        calls.append(args)
+        return subprocess.CompletedProcess(["systemctl", *args], 0, "", "")
+
+    monkeypatch.setattr(installer, "restarts", lambda layout, wanted: wanted)  # as on the system's root
+    monkeypatch.setattr(installer, "_systemctl", systemctl)
+    report = install(archives[2], layout)
+    assert report.restart.startswith("reloaded edge.service")
+    assert calls == [("daemon-reload",), ("reload", "edge.service"), ("restart", "--no-block", "edge-trial.service")]
+    state = load_state(layout)
+    assert state.trial.tries_left == TRIAL_TRIES - 1 and state.history[-1].event == "try"
+    assert not layout.try_taken_file.exists()  # no pre-start runs at a reload: the token would grant a later start a try
+    assert pre_start(layout) == EXIT["done"]  # the next (real) start takes a try of its own
+    assert load_state(layout).trial.tries_left == TRIAL_TRIES - 2
+
+
+def _systemctl_without_reload(*args: str) -> subprocess.CompletedProcess:
+    if args[0] == "reload":
+        return subprocess.CompletedProcess(["systemctl", *args], 1, "", f"Job type reload is not applicable for unit {args[1]}.")
+    return subprocess.CompletedProcess(["systemctl", *args], 0, "", "")
 
 
 def test_a_token_of_another_trial_is_not_a_try(root, archives):

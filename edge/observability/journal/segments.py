@@ -62,9 +62,9 @@ def list_segments(directory: str) -> list[tuple[int, str, int]]:
     return out
 
 
-
 class JournalLocked(OSError):
     """Another runtime holds the journal directory's lock."""
+
 
 class SegmentFiles:
     def __init__(self, directory: str, max_bytes: int, segment_bytes: int | None = None,

@@ -229,33 +229,32 @@ def restarts(layout: DeviceLayout, wanted: bool) -> bool:
     return wanted and layout.is_system_root
 
 
+def _systemctl(*args: str) -> subprocess.CompletedProcess:
+    """``systemctl ARGS``, its output captured; RestartFailed when it did not run."""
+    try:
+        return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=RESTART_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RestartFailed(f"`systemctl {' '.join(args)}` did not run ({exc})") from None
+
+
 def restart_unit(layout: DeviceLayout, wanted: bool, *, block: bool = True, reset_failed: bool = False,
-                 unit: str = UNIT) -> str:
+                 unit: str = UNIT, daemon_reload: bool = True) -> str:
     """``systemctl restart edge``. ``block=False`` only queues it: the trial's watcher is stopped
     with the unit it restarts (BindsTo=), so it must not wait for it. ``reset_failed`` first
-    clears a unit that failed (its start limit hit), which systemd would not start again."""
+    clears a unit that failed (its start limit hit), which systemd would not start again.
+    ``daemon_reload=False``: the caller ran ``systemctl daemon-reload`` already."""
     if not restarts(layout, wanted):
         return ("restart skipped (--no-restart)" if not wanted else
                 f"restart skipped (--root {layout.root} is not this system's root)")
-    cmds = [["systemctl", "daemon-reload"]]
+    cmds = [["daemon-reload"]] if daemon_reload else []
     if reset_failed:
-        cmds.append(["systemctl", "reset-failed", f"{unit}.service"])
-    cmds.append(["systemctl", "restart", *([] if block else ["--no-block"]), f"{unit}.service"])
+        cmds.append(["reset-failed", f"{unit}.service"])
+    cmds.append(["restart", *([] if block else ["--no-block"]), f"{unit}.service"])
     for cmd in cmds:
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=RESTART_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise RestartFailed(f"`{' '.join(cmd)}` did not run ({exc})") from None
-        if r.returncode != 0 and cmd[1] != "reset-failed":  # reset-failed fails on a unit that has not failed
-            raise RestartFailed(f"`{' '.join(cmd)}` failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+        r = _systemctl(*cmd)
+        if r.returncode != 0 and cmd[0] != "reset-failed":  # reset-failed fails on a unit that has not failed
+            raise RestartFailed(f"`systemctl {' '.join(cmd)}` failed ({r.returncode}): {r.stderr.strip()[-400:]}")
     return f"restarted {unit}.service" if block else f"restart of {unit}.service queued"
-
-
-def _systemctl(*args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=RESTART_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
 
 
 def reload_unit(layout: DeviceLayout, wanted: bool, *, unit: str = UNIT) -> str:
@@ -267,15 +266,18 @@ def reload_unit(layout: DeviceLayout, wanted: bool, *, unit: str = UNIT) -> str:
     old runtime serves on and :func:`restart_unit` restarts the unit instead: stop, then restore."""
     if not restarts(layout, wanted):
         return restart_unit(layout, wanted, unit=unit)
-    reloaded = _systemctl("daemon-reload") is not None and _systemctl("reload", f"{unit}.service")
-    if reloaded and reloaded.returncode == 0:
+    r = _systemctl("daemon-reload")  # the unit's drop-in follows current
+    if r.returncode != 0:
+        raise RestartFailed(f"`systemctl daemon-reload` failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+    reloaded = _systemctl("reload", f"{unit}.service")
+    if reloaded.returncode == 0:
         layout.try_taken_file.unlink(missing_ok=True)
         trial = _systemctl("restart", "--no-block", f"{unit}-trial.service")
-        note = "" if trial is not None and trial.returncode == 0 else (
-            f"; warning: {unit}-trial.service was not started: {(trial.stderr if trial else 'no systemctl').strip()[-200:]}")
+        note = "" if trial.returncode == 0 else \
+            f"; warning: {unit}-trial.service was not started: {trial.stderr.strip()[-200:]}"
         return f"reloaded {unit}.service: the new bundle restored beside the old runtime, then that one stopped{note}"
-    why = (reloaded.stderr or reloaded.stdout).strip()[-300:] if reloaded else "systemctl did not run"
-    return f"{restart_unit(layout, wanted, unit=unit, reset_failed=True)} (no reload: {why or 'it failed'})"
+    why = (reloaded.stderr or reloaded.stdout).strip()[-300:] or "it failed"
+    return f"{restart_unit(layout, wanted, unit=unit, reset_failed=True, daemon_reload=False)} (no reload: {why})"
 
 
 def install(archive: Path, layout: DeviceLayout, *, restart: bool = True, crash_at: str | None = None,
