@@ -37,6 +37,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+from edge.runtime.heap import hold_collections, release_collections
 from edge.runtime.engine_chain import VERIFY_SETTING, EngineChain, verified_by
 from edge.errors import BootError
 from edge.system.notify import notify
@@ -116,6 +117,9 @@ def _snapshot_point(args, pkg, bind: str, timeline: Timeline, stop) -> tuple[Tim
     spec = pkg.manifest.engines[args.engine]
     names = {pkg.manifest.tokenizer, *spec.get("files", ()), *spec.get("gpu_files", ())}
     mapped = [str(pkg.path(n)) for n in sorted(names)] + [str(pkg.root / "manifest.json")]
+    from edge.runtime.heap import settle_for_snapshot
+
+    Stages(timeline).run(settle_for_snapshot, setting="--snapshot-point", note=lambda record: record)
     return pause_for_snapshot(_timeline_path(args, bind).parent, mapped, timeline, stop)
 
 
@@ -213,6 +217,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         if server.journal is not None:  # the old runtime holds the journal's lock until it has drained
             server.journal.lock_wait_s = HANDOVER_WAIT_S
     timeline.mark_ready()
+    release_collections()
     return server, {"bind": bind, "package": str(package_dir), "lineage": lineage.as_dict(),
                     **({"beside": beside} if beside else {})}
 
@@ -425,6 +430,7 @@ def serve(args, parsed_s: tuple[float, float] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     start = time.clock_gettime(time.CLOCK_BOOTTIME)
+    hold_collections()  # until READY: a full pass would walk every object the imports made (edge/runtime/heap.py)
     args = parse_serve_args(argv)  # argparse and the EDGE_* variables: 3-5 ms here
     return serve(args, (start, time.clock_gettime(time.CLOCK_BOOTTIME)))
 
