@@ -134,7 +134,21 @@ def snapshot_summary(pairs: list[dict], snapshot: dict | None) -> dict:
             "ratio_fresh_over_restore": round(ratio, 2) if ratio else None,  # of the medians
             "ratios_fresh_over_restore": [round(r, 2) for r in per_pair],
             "snapshot_image_mib": (snapshot or {}).get("image_mib"),
-            "snapshot_taken_s": (snapshot or {}).get("take_s")}  # None: an existing snapshot was used
+            "snapshot_taken_s": (snapshot or {}).get("take_s"),  # None: an existing snapshot was used
+            "restore_phases_median_ms": _restore_phases([(p.get("runtime") or {}).get("reply") or {} for p in pairs])}
+
+
+RESTORE_PHASES = ("outside_criu_ms", "criu_setup_ms", "criu_memory_ms", "criu_finish_ms", "criu_total_ms")
+
+
+def _restore_phases(replies: list[dict]) -> dict:
+    """The median of each phase of ``runc restore`` over the runs (image.bundle.snapshot.restore_phases)."""
+    out = {}
+    for key in RESTORE_PHASES:
+        values = [r["criu"][key] for r in replies if isinstance((r.get("criu") or {}).get(key), (int, float))]
+        if values:
+            out[key] = round(statistics.median(values), 1)
+    return out
 
 
 def _goals(s: dict, engine: str, cache: str = "warm") -> dict:
@@ -208,6 +222,11 @@ def format_table(record: dict) -> str:
         how = (f"taken now in {sn['take_s']:.1f} s ({sn.get('reason')})" if sn.get("taken")
                else f"taken {sn.get('taken_at')}, reused")
         lines.append(f"snapshot: {sn.get('image_mib')} MiB of images in {sn.get('dir')}, {how}")
+        ph = s.get("restore_phases_median_ms") or {}
+        if ph:
+            lines.append("restore phases, median ms: " + ", ".join(
+                f"{k[:-3].replace('_', ' ')} {ph[k]:.1f}" for k in RESTORE_PHASES if k in ph)
+                + " (runc restore; outside criu: runc, its criu version check, the exec)")
         if s.get("ratio_fresh_over_restore") is not None:
             lines.append(f"fresh / restore, per pair: {', '.join(f'{r:.2f}' for r in s['ratios_fresh_over_restore'])}; "
                          f"medians {s['fresh_median_ms']:.0f} / {s['restore_median_ms']:.0f} ms = "

@@ -40,7 +40,7 @@ from edge.system.snapshot_rules import (CRIU_CONF, CRIU_CONF_OK, MARKER, RESUME,
                                         site_criu_conf, tool_version)
 
 __all__ = ["SnapshotError", "snapshot_dir", "snapshot_config", "dependencies", "take_snapshot", "check_snapshot",
-           "restore", "SNAPSHOT_FORMAT"]
+           "restore", "restore_phases", "SNAPSHOT_FORMAT"]
 
 
 class SnapshotError(RuntimeError):
@@ -269,6 +269,38 @@ def restore(bundle: Path, cid: str, *, runc: str = "runc", timeout_s: float = 60
     except (OSError, ValueError) as exc:
         raise SnapshotError(f"cannot resume the restored container {cid}: {exc}") from None
     return proc
+
+
+def restore_phases(bundle: Path) -> dict:
+    """Where the last restore of ``bundle``'s snapshot spent its time inside CRIU, from its
+    ``images/restore.log`` (ms since CRIU started): ``criu_setup_ms`` (kernel probes, namespaces,
+    mounts, until it forks the task), ``criu_memory_ms`` (the restorer's read of the memory
+    images), ``criu_finish_ms`` (the rest, until "Restore finished"), ``criu_total_ms`` (its
+    last line), ``pages_restored_bytes``. Empty when the log is missing or says none of these."""
+    import re
+
+    try:
+        log = (snapshot_dir(bundle.resolve()) / "images" / "restore.log").read_text(errors="replace")
+    except OSError:
+        return {}
+    stamps = [(float(t) * 1e3, text) for t, text in re.findall(r"^\((\d+\.\d+)\) ?(.*)$", log, re.M)]
+    if not stamps:
+        return {}
+
+    def first(pattern: str) -> float | None:
+        return next((t for t, text in stamps if pattern in text), None)
+
+    forked, finished = first("Forking task"), first("Restore finished")
+    read = [(t, int(n)) for t, text in stamps for n in re.findall(r"`- returned (\d+)", text)]
+    out: dict = {"criu_total_ms": round(stamps[-1][0], 3)}
+    if forked is not None:
+        out["criu_setup_ms"] = round(forked, 3)
+    if forked is not None and read:
+        out["criu_memory_ms"] = round(read[-1][0] - forked, 3)
+        out["pages_restored_bytes"] = sum(n for _, n in read)
+    if finished is not None:
+        out["criu_finish_ms"] = round(finished - (read[-1][0] if read else forked or 0.0), 3)
+    return out
 
 
 # ------------------------------------------------------------------ edge-bundle snapshot

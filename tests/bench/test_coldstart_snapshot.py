@@ -117,6 +117,14 @@ def test_real_snapshot_run_summary(snapshot_run):
     assert "[1/2] snapshot" in proc.stderr and "fresh" in proc.stderr
     assert rec["config"]["mode"] == "snapshot" and rec["config"]["snapshot"] is True
     assert {"runtime", "fresh"} <= set(rec["phases"]) and "restore" in rec["phases"]["runtime"]
+    # The restore's phases, from CRIU's log of each real restore: they add up inside the restore call.
+    ph = s["restore_phases_median_ms"]
+    assert 0 < ph["criu_setup_ms"] + ph["criu_memory_ms"] + ph["criu_finish_ms"] <= ph["criu_total_ms"] + 0.5
+    assert ph["outside_criu_ms"] > 0 and "restore phases, median ms: outside criu" in proc.stdout
+    for pair in rec["runs"]:
+        criu = pair["runtime"]["reply"]["criu"]
+        assert criu["criu_total_ms"] < pair["runtime"]["reply"]["restore_call_ms"]
+        assert criu["pages_restored_bytes"] <= s["snapshot_image_mib"] * 2**20 + 1  # the pages image, read once
 
 
 def test_real_snapshot_run_restores_and_fresh_starts_alternate(snapshot_run):
@@ -148,3 +156,19 @@ def test_real_snapshot_is_taken_once_then_reused(snapshot_run):
     except ImportError:
         return
     assert Path(rec["chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_restore_phases_from_criu_log(tmp_path):
+    from image.bundle.snapshot import restore_phases, snapshot_dir
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    images = snapshot_dir(bundle) / "images"
+    images.mkdir(parents=True)
+    assert restore_phases(bundle) == {}  # no log yet
+    (images / "restore.log").write_text("(00.000000) CRIU run id = x\n(00.040000) Forking task with 1 pid\n"
+                                        "(00.150000) pie: 1: `- returned 1048576\n"
+                                        "(00.170000) Restore finished successfully. Tasks resumed.\n"
+                                        "(00.171000) Writing stats\n")
+    assert restore_phases(bundle) == {"criu_total_ms": 171.0, "criu_setup_ms": 40.0, "criu_memory_ms": 110.0,
+                                      "pages_restored_bytes": 1048576, "criu_finish_ms": 20.0}
