@@ -268,7 +268,7 @@ def run_restore(bundle: Path, workdir: Path, text: str, reference, *, timeout_s:
                         f"not 'restored': another runtime answered, or the restore booted fresh")
     result.reply["restore_call_ms"] = round((restored - t0) / 1e6, 3)  # restore(): runc restore -d, resume, USR2
     criu = S.restore_phases(bundle)  # this restore's log: CRIU's own phases
-    if criu.get("criu_total_ms") is not None:
-        criu["outside_criu_ms"] = round(result.reply["restore_call_ms"] - criu["criu_total_ms"], 3)  # runc, its criu
-    result.reply["criu"] = criu  # version check, the Popen; never negative unless the clocks disagree
+    if criu.get("criu_total_ms") is not None:  # the rest of restore(): runc, its criu version check, the exec
+        criu["outside_criu_ms"] = round(result.reply["restore_call_ms"] - criu["criu_total_ms"], 3)
+    result.reply["criu"] = criu
     return result

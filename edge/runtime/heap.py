@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 
-__all__ = ["hold_collections", "release_collections", "settle_for_snapshot", "anonymous_bytes"]
+__all__ = ["hold_collections", "release_collections", "settle_for_snapshot", "process_memory"]
 
 
 _held = False  # set by hold_collections: a boot in another program's process (tests) leaves its collector alone
@@ -45,16 +45,20 @@ def release_collections() -> None:
         gc.enable()
 
 
-def anonymous_bytes() -> int | None:
-    """RssAnon of this process (bytes): what a checkpoint's memory images hold, about."""
+def process_memory() -> dict:
+    """VmRSS, RssAnon and RssFile of this process (bytes; those /proc does not give are left out).
+    A checkpoint's memory images hold about the anonymous part: file-backed pages are read again
+    from the bundle on restore."""
+    out = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
+                key = line.split(":", 1)[0]
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    out[key] = int(line.split()[1]) * 1024
     except (OSError, ValueError):
         pass
-    return None
+    return out
 
 
 def _malloc_trim() -> bool | None:
@@ -72,10 +76,10 @@ def _malloc_trim() -> bool | None:
 
 def settle_for_snapshot() -> dict:
     """Collect, freeze and trim before a checkpoint; what it did, for the timeline."""
-    before = anonymous_bytes()
+    before = process_memory().get("RssAnon")
     freed = gc.collect()
     gc.freeze()
     trimmed = _malloc_trim()
-    after = anonymous_bytes()
+    after = process_memory().get("RssAnon")
     return {"objects_freed": freed, "objects_frozen": gc.get_freeze_count(), "malloc_trim": trimmed,
             "anon_before_bytes": before, "anon_after_bytes": after}

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from edge.errors import BootError, ErrorCode
+from edge.runtime.heap import process_memory
 from edge.runtime.stages import Stages
 from edge.runtime.timeline import Timeline
 
@@ -48,21 +49,6 @@ def file_identity(path: str) -> dict:
     """What makes a mapped file the same file, cheaply: no read of its bytes."""
     st = os.stat(path)
     return {"path": path, "dev": st.st_dev, "ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _memory() -> dict:
-    """VmRSS, RssAnon and RssFile (bytes) at the snapshot point: what the images hold is about
-    the anonymous part (file-backed pages are read again from the bundle on restore)."""
-    out = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key = line.split(":", 1)[0]
-                if key in ("VmRSS", "RssAnon", "RssFile"):
-                    out[key] = int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return out
 
 
 def _write_json(path: Path, record: dict) -> None:
@@ -87,7 +73,7 @@ def wait_at_snapshot_point(directory: Path, files: list[dict], timeline: dict, s
     try:
         resume_path.unlink(missing_ok=True)  # a stale one would tell a plain resume it was restored
         _write_json(directory / MARKER, {"pid": os.getpid(), "boottime_ns": time.clock_gettime_ns(time.CLOCK_BOOTTIME),
-                                         "memory": _memory(), "files": files, "timeline": timeline})
+                                         "memory": process_memory(), "files": files, "timeline": timeline})
         while not resumed.is_set() and not stop.is_set():
             select.select([r], [], [])
             os.read(r, 512)  # the Python-level handlers run once this returns
