@@ -13,7 +13,7 @@ import pytest
 import edge.engines
 from edge.errors import BootError, EngineError, ErrorCode, PackageError
 from edge.preload.serving_settings import ServingSettings
-from edge.runtime.engine_chain import EngineChain
+from edge.runtime.engine_chain import EngineChain, engine_options
 from edge.runtime.stages import Handoff, Stages
 from edge.runtime.timeline import Timeline
 
@@ -58,11 +58,13 @@ class FakePackage:
             raise PackageError("model.ort: sha256 differs (tampered)", ErrorCode.PACKAGE_HASH_MISMATCH, file="model.ort")
 
 
-def _chain(monkeypatch, pkg: FakePackage, load, verify: str = "full"):
+def _chain(monkeypatch, pkg: FakePackage, load, verify: str = "full", **flags):
     library = types.SimpleNamespace(available_providers=lambda: ["CPUExecutionProvider"])
     monkeypatch.setattr(edge.engines, "import_engine", lambda name: library)
     monkeypatch.setattr(edge.engines, "load_engine", load)
-    args = types.SimpleNamespace(engine="onnxruntime", device="cpu", verify=verify, cuda_reserve_mb=0)
+    args = types.SimpleNamespace(engine="onnxruntime", device="cpu", verify=verify, cuda_reserve_mb=0,
+                                 ort_prepacking="auto", snapshot_point=False)
+    vars(args).update(flags)
     timeline = Timeline(exec_s=0.0)
     chain = EngineChain(Stages(timeline), args, Handoff())
     chain.open(pkg)
@@ -84,7 +86,7 @@ def test_the_engine_loads_and_warms_while_its_files_are_hashed(monkeypatch):
     pkg = FakePackage(bad=False)
     engine = FakeEngine()
 
-    def load_engine(p, name, device):
+    def load_engine(p, name, device, **options):
         assert not pkg.hashed  # the hash has not ended: the load did not wait for it
         return engine
 
@@ -105,7 +107,7 @@ def test_the_main_thread_takes_the_hash_once_its_own_stages_are_done(monkeypatch
     engine = FakeEngine()
     loading = threading.Event()
 
-    def load_engine(p, name, device):
+    def load_engine(p, name, device, **options):
         loading.set()
         assert pkg.go.wait(HASH_WAIT_S)  # the load goes on until the hash (on the main thread) is under way
         return engine
@@ -122,7 +124,7 @@ def test_the_main_thread_takes_the_hash_once_its_own_stages_are_done(monkeypatch
 def test_a_failed_hash_is_the_error_even_after_the_engine_warmed(monkeypatch):
     pkg = FakePackage(bad=True)
     engine = FakeEngine()
-    chain, _ = _chain(monkeypatch, pkg, lambda p, name, device: engine)
+    chain, _ = _chain(monkeypatch, pkg, lambda p, name, device, **options: engine)
     _until(lambda: engine.runs == 2 and pkg.hashed_on, "the engine warmed, then took the hash")
     pkg.go.set()
     with pytest.raises(BootError) as err:
@@ -134,7 +136,7 @@ def test_a_failed_hash_is_the_error_even_after_the_engine_warmed(monkeypatch):
 def test_a_failed_hash_wins_over_the_engine_refusing_the_same_file(monkeypatch):
     pkg = FakePackage(bad=True)
 
-    def load_engine(p, name, device):
+    def load_engine(p, name, device, **options):
         raise EngineError("ONNX Runtime refused model.ort", ErrorCode.ENGINE_LOAD_FAILED, stage="load_engine")
 
     chain, _ = _chain(monkeypatch, pkg, load_engine)
@@ -153,7 +155,7 @@ def test_the_chain_stops_before_its_next_stage_once_a_hash_failed(monkeypatch):
 
     started = threading.Event()
 
-    def load_engine(p, name, device):
+    def load_engine(p, name, device, **options):
         assert started.wait(HASH_WAIT_S)
         pkg.go.set()
         threading.Thread(target=chain.verify_here).start()  # the main thread's hash fails while the engine loads
@@ -185,7 +187,7 @@ def test_after_a_main_thread_failure_nothing_is_hashed(monkeypatch):
     pkg = FakePackage(bad=False)
     gate = threading.Event()
 
-    def load_engine(p, name, device):
+    def load_engine(p, name, device, **options):
         assert gate.wait(HASH_WAIT_S)
         return FakeEngine()
 
@@ -199,6 +201,35 @@ def test_after_a_main_thread_failure_nothing_is_hashed(monkeypatch):
 def test_verify_size_hashes_nothing(monkeypatch):
     pkg = FakePackage(bad=True)
     engine = FakeEngine()
-    chain, timeline = _chain(monkeypatch, pkg, lambda p, name, device: engine, verify="size")
+    chain, timeline = _chain(monkeypatch, pkg, lambda p, name, device, **options: engine, verify="size")
     assert chain.result()[0] is engine
     assert not pkg.hashed and "verify_package" not in _stages(timeline)
+
+
+@pytest.mark.parametrize("engine, device, choice, snapshot_point, prepacking", [
+    ("onnxruntime", "cpu", "auto", True, True),  # paid once, when the snapshot is taken
+    ("onnxruntime", "cpu", "auto", False, False),  # a fresh boot does not pay it on its critical path
+    ("onnxruntime", "cpu", "on", False, True),
+    ("onnxruntime", "cpu", "off", True, False),
+    ("onnxruntime", "cuda:0", "on", True, None),  # a GPU session packs nothing for the CPU
+    ("torchscript", "cpu", "on", True, None),
+])
+def test_ort_prepacking_follows_the_flag_and_the_snapshot_point(engine, device, choice, snapshot_point, prepacking):
+    args = types.SimpleNamespace(engine=engine, ort_prepacking=choice, snapshot_point=snapshot_point)
+    assert engine_options(args, device) == ({} if prepacking is None else {"prepacking": prepacking})
+
+
+def test_the_load_stage_passes_and_records_the_engine_options(monkeypatch):
+    pkg = FakePackage(bad=False)
+    pkg.go.set()
+    engine = FakeEngine()
+    seen = []
+
+    def load_engine(p, name, device, **options):
+        seen.append(options)
+        return engine
+
+    chain, timeline = _chain(monkeypatch, pkg, load_engine, snapshot_point=True)
+    assert chain.result()[0] is engine
+    assert seen == [{"prepacking": True}]
+    assert _stages(timeline)["load_engine"]["prepacking"] is True

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from edge.preload.manifest import ModelPackage
     from edge.serving.shapes import BatchShapes
 
-__all__ = ["EngineChain", "VERIFY_SETTING", "verify_package", "verify_gpu_files", "verified_by"]
+__all__ = ["EngineChain", "VERIFY_SETTING", "engine_options", "verify_package", "verify_gpu_files", "verified_by"]
 
 VERIFY_SETTING = "--package DIR (rebuild or re-copy it) or --verify size"
 
@@ -38,6 +38,19 @@ def verify_package(pkg, names: list[str]) -> dict[str, str]:
 def verify_gpu_files(pkg, names: list[str]) -> dict[str, str]:
     """:func:`verify_package` for the files only the GPU path reads (ORT's model.onnx), once CUDA is chosen."""
     return pkg.verify_files(names)
+
+
+def engine_options(args, device: str) -> dict:
+    """The engine's load options from ``edge serve``'s flags. ONNX Runtime's weight prepacking on a
+    CPU (``--ort-prepacking``): packed copies of the weights make every matrix product faster, but
+    they are made at load (a fresh boot's critical path) and take anonymous memory. ``auto`` turns
+    it on where the boot stops at the snapshot point: there the packing is paid once, when the
+    snapshot is taken, and every restore starts with it (docs/snapshot.md). A GPU's session
+    packs nothing for the CPU: no option there."""
+    if args.engine != "onnxruntime" or device.startswith("cuda"):
+        return {}
+    choice = args.ort_prepacking
+    return {"prepacking": choice == "on" or (choice == "auto" and bool(args.snapshot_point))}
 
 
 def verified_by(checked: dict[str, str]) -> dict:
@@ -225,7 +238,9 @@ class EngineChain:
         from edge.serving.shapes import BatchShapes
 
         self._unless_refused()
-        engine = run(load_engine, pkg, args.engine, device, setting="--engine / --device", overlapped=overlapped)
+        options = engine_options(args, device)
+        engine = run(load_engine, pkg, args.engine, device, kwargs=options, setting="--engine / --device / --ort-prepacking",
+                     overlapped=overlapped, **options)
         self.engine = engine
 
         manifest = pkg.manifest

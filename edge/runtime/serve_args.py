@@ -24,7 +24,7 @@ def _number(kind, env_name: str):
 
 # The flags whose value is one of a few words: (flag's dest, choices, variable).
 _CHOICES = (("engine", ENGINE_NAMES, "EDGE_ENGINE"), ("device", ("auto", "cpu", "cuda"), "EDGE_DEVICE"),
-            ("verify", ("full", "size"), "EDGE_VERIFY"),
+            ("verify", ("full", "size"), "EDGE_VERIFY"), ("ort_prepacking", ("auto", "on", "off"), "EDGE_ORT_PREPACKING"),
             ("log_level", ("debug", "info", "warning", "error"), "EDGE_LOG_LEVEL"))
 
 
@@ -62,6 +62,10 @@ def serve_parser(env: dict | None = None):
     p.add_argument("--verify", choices=choices["verify"], default=e("EDGE_VERIFY", "full"),
                    help="package check at boot: sha256 of the files the engine maps (overlapped with the engine "
                         "import) or sizes only (env EDGE_VERIFY)")
+    p.add_argument("--ort-prepacking", choices=choices["ort_prepacking"], default=e("EDGE_ORT_PREPACKING", "auto"),
+                   help="ONNX Runtime's weight prepacking on a CPU: faster matrix products for a packed copy of "
+                        "the weights made at load; auto: on where the boot stops at --snapshot-point (paid once, "
+                        "when the snapshot is taken), off on a fresh boot (docs/snapshot.md; env EDGE_ORT_PREPACKING)")
     p.add_argument("--drain-timeout", type=_number(float, "EDGE_DRAIN_TIMEOUT_S"), metavar="SECONDS",
                    default=e("EDGE_DRAIN_TIMEOUT_S", str(DEFAULT_DRAIN_TIMEOUT_S)),
                    help="seconds to finish in-flight requests after SIGTERM (env EDGE_DRAIN_TIMEOUT_S)")

@@ -22,15 +22,16 @@ class Stages:
     def __init__(self, timeline: Timeline) -> None:
         self.timeline = timeline
 
-    def run(self, fn, *args, setting, note=None, **info):
-        """``fn(*args)`` as the stage ``fn.__name__``; ``setting`` names what to change if it fails:
-        a string, or a function that returns it, called only then (a text that costs a stat or an
-        import is paid by a failed boot alone). ``note``: a function of ``fn``'s result whose dict
-        is added to the stage's entry (what the stage found, e.g. how a file was checked)."""
+    def run(self, fn, *args, setting, note=None, kwargs: dict | None = None, **info):
+        """``fn(*args, **kwargs)`` as the stage ``fn.__name__``; ``setting`` names what to change if it
+        fails: a string, or a function that returns it, called only then (a text that costs a stat or
+        an import is paid by a failed boot alone). ``note``: a function of ``fn``'s result whose dict
+        is added to the stage's entry (what the stage found, e.g. how a file was checked). ``info``
+        goes into the stage's entry as it is."""
         name = fn.__name__
         try:
             with self.timeline.stage(name, **info) as entry:
-                result = fn(*args)
+                result = fn(*args, **(kwargs or {}))
                 if note is not None:
                     entry.update(note(result))
                 return result

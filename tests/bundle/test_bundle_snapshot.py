@@ -103,8 +103,15 @@ def test_a_restored_bundle_answers_as_a_fresh_one_does(snapped):
         fresh_timeline = json.loads((run / "timeline.json").read_text())
     finally:
         _stop(cid)
-    for r in replies:  # parity: the restored runtime computes what a fresh boot does
-        np.testing.assert_array_equal(r.embeddings, reference.embeddings)
+    # parity: the restored runtime computes what a fresh boot does. The two restores run one image:
+    # bit for bit the same. The snapshot packed ONNX Runtime's weights (--ort-prepacking auto) and
+    # the fresh boot did not: its sums run in another order, so the last bits may differ (1.2e-7 seen).
+    np.testing.assert_array_equal(replies[0].embeddings, replies[1].embeddings)
+    for r in replies:
+        np.testing.assert_allclose(r.embeddings, reference.embeddings, rtol=0, atol=1e-6)
+    snapped_load = next(s for s in timelines[0]["snapshot"]["stages"] if s["stage"] == "load_engine")
+    fresh_load = next(s for s in fresh_timeline["stages"] if s["stage"] == "load_engine")
+    assert snapped_load["prepacking"] is True and fresh_load["prepacking"] is False
     assert replies[0].meta["trace_id"] != replies[1].meta["trace_id"]  # reseeded: restores diverge
     assert [t["start"] for t in timelines] == ["restored", "restored"] and fresh_timeline["start"] == "fresh"
     stages = [s["stage"] for s in timelines[0]["stages"]]

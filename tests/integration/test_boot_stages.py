@@ -59,6 +59,8 @@ def test_a_real_timeline_greps_to_code(ort_runtime):
     record = json.loads((ort_runtime.workdir / "timeline.json").read_text())
     stages = {s["stage"] for s in record["stages"]}
     assert {"import_manifest", "load_engine", "warm_buckets", "bind", "start"} <= stages, stages
+    # a fresh boot leaves ONNX Runtime's prepacking off: it would be paid before READY (--ort-prepacking auto)
+    assert next(s for s in record["stages"] if s["stage"] == "load_engine")["prepacking"] is False
     # from exec to the first stage of boot(), every millisecond belongs to a stage
     ordered = sorted(record["stages"], key=lambda s: s["start_ms"])
     assert [s["stage"] for s in ordered[:3]] == ["interpreter", "boot_imports", "parse_serve_args"], ordered[:4]

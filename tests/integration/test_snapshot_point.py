@@ -50,6 +50,8 @@ def test_the_runtime_waits_before_bind_and_a_plain_resume_serves(minilm_package,
         marker = _wait_for_marker(rt)
         stages = [s["stage"] for s in marker["timeline"]["stages"]]
         assert {"import_server", "load_tokenizer", "warm_buckets"} <= set(stages) and "bind" not in stages
+        # ONNX Runtime packs its weights here, once, for every restore (--ort-prepacking auto)
+        assert next(s for s in marker["timeline"]["stages"] if s["stage"] == "load_engine")["prepacking"] is True
         settled = next(s for s in marker["timeline"]["stages"] if s["stage"] == "settle_for_snapshot")
         assert settled["objects_frozen"] > 10_000 and 0 < settled["anon_after_bytes"] <= settled["anon_before_bytes"]
         assert {Path(f["path"]).name for f in marker["files"]} >= {"tokenizer.fb", "manifest.json", "model.ort"}
