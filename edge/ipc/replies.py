@@ -116,7 +116,7 @@ def stats_reply(server: Any, peer: Peer, in_flight: int, connections: dict) -> P
     extra = server.extra_stats() if server.extra_stats else {}
     if server.journal is not None:
         extra = {**extra, "journal": server.journal.info()}
-    extra = {**extra, "breaker": breaker_info(server.core)}
+    extra = {**extra, "breaker": breaker_info(server.core), "call_cost": server.core.loop.call_cost.as_dict()}
     return P.StatsReply(metrics={**server.metrics.snapshot(), **extra}, state=server.state.value,
                         queue=queue_info(server.core, in_flight, True), lineage=server.lineage,
                         settings=serving_info(server.core.shapes, server.limits), timeline=timeline,

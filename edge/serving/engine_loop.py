@@ -25,6 +25,7 @@ import numpy as np
 from edge.errors import ErrorCode
 from edge.system.log import log, log_exception
 from edge.serving.breaker import PROBE_DEADLINE_S, CircuitBreaker, Fallback, PrimaryTimeout, Route
+from edge.serving.call_cost import CallCost
 from edge.serving.engine_cost import EngineCost
 from edge.serving.engine_worker import EngineWorker
 from edge.serving.metrics import Metrics
@@ -59,6 +60,7 @@ class EngineLoop:
         self.fallback = fallback
         self.worker = EngineWorker(engine) if fallback is not None else None  # the primary's own thread
         self.cost = cost  # the primary's warm-up time per shape: whose fault a late request is
+        self.call_cost = CallCost()  # what one more call costs the primary, learned from its calls: where to cut a batch
         # The half-open probe's own input: (1, smallest bucket), the warm-up sample, never a client's.
         bucket = self.shapes.buckets[0]
         row = list(probe_ids or [self.pad_id])[:bucket]
@@ -152,12 +154,15 @@ class EngineLoop:
         envelope (what the breaker judges), real tokens, padded tokens run, start). ``until``:
         when to stop waiting for a primary on its worker."""
         lengths = [len(p.ids) for p in parts]
-        calls = self.shapes.groups(lengths)
+        calls = self.shapes.groups(lengths, self.call_cost.tokens())
         start = self._clock()
         out: np.ndarray | None = None
         padded = 0
         for call in calls:
+            t0 = self._clock()
             rows, width, got = self._call(bucket, [parts[i] for i in call], route, until)
+            if route is Route.PRIMARY:  # the fallback's calls cost what another engine does
+                self.call_cost.observe(rows * width, (self._clock() - t0) * 1000.0)
             if out is None:
                 out = np.empty((len(parts), got.shape[1]), dtype=np.float32)
             out[call] = got[:len(call)]

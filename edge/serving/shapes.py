@@ -11,16 +11,14 @@ from __future__ import annotations
 import bisect
 
 from edge.preload.serving_settings import ServingSettings
+from edge.serving.call_cost import PRIOR_TOKENS
 
 __all__ = ["BatchShapes"]
 
 
-# What one more engine call costs, in tokens of work: a call's fixed overhead over the cost of one
-# token in a batch. Measured for MiniLM on ONNX Runtime on this 2-core host (medians of 40 runs):
-# 1 x 4 took 1.37 ms and 1 x 8 1.82 ms, while batches from 8 x 16 to 32 x 64 cost 0.12-0.16 ms a
-# token, so a call's own cost is ~1 ms, about 8 tokens. :meth:`BatchShapes.groups` cuts a batch
-# where that pays.
-CALL_COST_TOKENS = 8
+# What one more engine call costs, in tokens of work, where nothing better is known: the engine loop
+# learns the figure from its own calls (edge/serving/call_cost.py, which explains the prior).
+CALL_COST_TOKENS = PRIOR_TOKENS
 
 
 class BatchShapes:
@@ -71,13 +69,14 @@ class BatchShapes:
                     return size
         return n
 
-    def groups(self, lengths: list[int]) -> list[list[int]]:
+    def groups(self, lengths: list[int], call_tokens: float = CALL_COST_TOKENS) -> list[list[int]]:
         """The engine calls that run one batch, as lists of indices into ``lengths`` (its texts'
         token counts). CUDA: one call, in order (its shapes are fixed). A CPU runs any width, so
         the texts are sorted by length and cut into calls wherever the padding a cut saves is worth
-        more than a call's own cost (:data:`CALL_COST_TOKENS`): a 64-token text no longer makes
-        thirty 34-token texts run 64 wide. The cuts minimise rows x width summed over the calls,
-        plus that cost per call (exactly: the groups of a sorted list are runs of it)."""
+        more than a call's own cost (``call_tokens``, tokens of work; the engine loop's learned
+        figure): a 64-token text no longer makes thirty 34-token texts run 64 wide. The cuts
+        minimise rows x width summed over the calls, plus that cost per call (exactly: the groups
+        of a sorted list are runs of it)."""
         order = list(range(len(lengths)))
         if self.pads_to_bucket or len(order) < 2:
             return [order]
@@ -88,7 +87,7 @@ class BatchShapes:
         cut = [0] * (n + 1)
         for j in range(1, n + 1):
             for i in range(j):
-                cost = best[i] + (j - i) * longest[j - 1] + CALL_COST_TOKENS
+                cost = best[i] + (j - i) * longest[j - 1] + call_tokens
                 if cost < best[j]:
                     best[j], cut[j] = cost, i
         runs, j = [], n

@@ -225,6 +225,38 @@ def test_a_cpu_batch_of_short_texts_and_one_long_runs_as_two_calls_and_answers_i
         np.testing.assert_allclose(got[i], engine.run(ids, np.ones_like(ids))[0], rtol=1e-6)
 
 
+class CostlyCallEngine(FakeEngine):
+    """A call costs 10 ms of its own plus 0.05 ms a padded token: one more call is worth 200 tokens."""
+
+    def run(self, input_ids, attention_mask):
+        time.sleep(0.010 + 0.00005 * input_ids.size)
+        return super().run(input_ids, attention_mask)
+
+
+def test_the_engine_loop_learns_what_a_call_costs_and_cuts_batches_by_it(make_server, make_client):
+    """The prior (8 tokens) would run 4 x 17 and 3 x 30; an engine whose calls cost 200 tokens each
+    runs them as one 7 x 30 call, once the loop has timed enough calls of its own."""
+    engine = CostlyCallEngine()
+    server = make_server(engine)
+    c = make_client(server)
+    assert c.stats()["call_cost"] == {"tokens": 8.0, "learned": False, "calls": 0, "fixed_ms": None,
+                                      "ms_per_token": None}
+    for n in [3, 9, 17, 30, 50, 64] * 4:  # one text a request: one call each, of many sizes
+        c.embed([text_of_tokens(n, word=f"t{n}x")])
+    learned = c.stats()["call_cost"]
+    assert learned["learned"] and learned["calls"] == 24, learned
+    assert 60.0 < learned["tokens"] <= 256.0 and learned["fixed_ms"] >= 5.0, learned  # 200: sleep overshoots a little
+    engine.release.clear()
+    c.send("infer", {"texts": ["first"], "request_id": 0})
+    assert engine.running.wait(5)
+    c.send("infer", {"texts": [text_of_tokens(17, word=f"s{i}x") for i in range(4)]
+                     + [text_of_tokens(30, word=f"l{i}x") for i in range(3)], "request_id": 1})
+    wait_in_flight(server, 2)
+    engine.release.set()
+    by_rid(collect(c, 2))
+    assert engine.calls[-1] == (7, 30), engine.calls[-3:]
+
+
 def test_warmed_batch_padding_defaults_to_cuda_only(make_server):
     cpu = make_server(FakeEngine(), serving={"batch_sizes": [1, 2, 4, 8]}, name="cpu.sock")
     gpu_engine = FakeEngine()

@@ -95,5 +95,12 @@ def test_a_cpu_batch_is_cut_into_calls_only_where_the_padding_saved_pays_for_a_c
     assert _brute_cost(lengths, cpu.groups(lengths), CALL_COST_TOKENS) == best
 
 
+def test_a_dearer_call_cuts_less():
+    cpu = shapes("cpu")
+    lengths = [10] * 4 + [30] * 4  # a cut saves 4 x 20 = 80 padded tokens
+    assert cpu.groups(lengths, 8.0) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert cpu.groups(lengths, 100.0) == [list(range(8))]
+
+
 def test_cuda_runs_a_batch_in_one_call_in_its_order():
     assert shapes("cuda").groups([34, 64, 20]) == [[0, 1, 2]]
