@@ -10,6 +10,11 @@ dropped by its id), so no connection needs the lazy-pirate reset of ``EdgeClient
 ``health`` and ``stats`` carry no request id on the wire, so they travel on a connection of
 their own, one at a time, and that connection is reopened after a timeout.
 
+A ``SHUTTING_DOWN`` reply comes from a runtime that is going (an update's handover: the new
+runtime holds the address already): the connection it came on is replaced by a new one, closed
+once the replies it still waits for have come, and an ``infer`` is sent again, once, on the
+pool as it is then. The control connection is reopened.
+
 Never imported by the boot path: it pulls in asyncio and ``zmq.asyncio``.
 """
 
@@ -23,6 +28,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from edge.errors import ErrorCode
 from edge.ipc import protocol as P
 from edge.ipc.client import raise_for_error
 
@@ -78,6 +84,8 @@ class _Conn:
         self.sock.connect(address)
         self.waiting: dict[int, asyncio.Future] = {}
         self.reader: asyncio.Task | None = None
+        self.retired = False  # replaced in the pool: closed once nothing waits on it
+        self.closed = False
 
     async def read(self) -> None:
         while True:
@@ -89,6 +97,18 @@ class _Conn:
             fut = self.waiting.pop(reply.body.get("request_id"), None)  # type: ignore[arg-type]
             if fut is not None and not fut.done():
                 fut.set_result(reply)
+            if self.retired:
+                self.close_when_idle()
+
+    def close_when_idle(self) -> None:
+        """A retired connection: closed (reader and socket) once no request waits on it. A request
+        whose reply never comes ends by its own timeout, which pops it; the pool's close ends the rest."""
+        if self.waiting or self.closed:
+            return
+        self.closed = True
+        if self.reader is not None and self.reader is not asyncio.current_task():
+            self.reader.cancel()
+        self.sock.close(0)
 
 
 class AsyncEdgePool:
@@ -101,6 +121,7 @@ class AsyncEdgePool:
         self._ctx = zmq.asyncio.Context()
         # zmq.asyncio reports a NOBLOCK send's EAGAIN on the send's future: every send is awaited.
         self._conns: list[_Conn] = []
+        self._retiring: list[_Conn] = []  # replaced after a SHUTTING_DOWN, still owed replies
         self._ids = itertools.count(1)
         self._control: zmq.asyncio.Socket | None = None
         self._control_lock: asyncio.Lock | None = None
@@ -133,6 +154,18 @@ class AsyncEdgePool:
         """Embed ``texts`` (one runtime request); waits ``deadline_ms`` + ``grace_s`` at most.
 
         Raises the runtime's EdgeError (``trace_id`` set), ``Unreachable``, or TimeoutError."""
+        reply = await self._infer(texts, deadline_ms, truncate, grace_s)
+        if reply.is_error and reply.body.get("code") == ErrorCode.SHUTTING_DOWN:
+            # That runtime is going and did not run it: after an update's handover the new one holds
+            # the address already, and a connection made now reaches it. Once, on one.
+            reply = await self._infer(texts, deadline_ms, truncate, grace_s)
+        raise_for_error(reply)
+        b = reply.body
+        return PoolResult(P.embeddings_from_frame(reply.extra[0], b["count"], b["dim"]), b)
+
+    async def _infer(self, texts: list[str], deadline_ms: float, truncate: bool | None, grace_s: float) -> P.Reply:
+        """One infer request on the least busy connection; a SHUTTING_DOWN reply retires that
+        connection (:meth:`_retire`) before it is returned."""
         conn = min(self._conns, key=lambda c: len(c.waiting))
         rid = next(self._ids)
         body: dict = {"texts": texts, "request_id": rid, "deadline_ms": deadline_ms}
@@ -145,9 +178,23 @@ class AsyncEdgePool:
             reply = await asyncio.wait_for(fut, deadline_ms / 1000.0 + grace_s)
         finally:
             conn.waiting.pop(rid, None)
-        raise_for_error(reply)
-        b = reply.body
-        return PoolResult(P.embeddings_from_frame(reply.extra[0], b["count"], b["dim"]), b)
+            if conn.retired:
+                conn.close_when_idle()
+        if reply.is_error and reply.body.get("code") == ErrorCode.SHUTTING_DOWN:
+            self._retire(conn)
+        return reply
+
+    def _retire(self, conn: _Conn) -> None:
+        """Replace ``conn`` by a new connection to the address; ``conn`` takes no new request and is
+        closed once the replies it waits for have come (the draining runtime still sends them)."""
+        if conn not in self._conns:
+            return  # another request's SHUTTING_DOWN retired it already
+        fresh = _Conn(self._ctx, self.address, self.curve)
+        fresh.reader = asyncio.get_running_loop().create_task(fresh.read())
+        self._conns[self._conns.index(conn)] = fresh
+        self._retiring = [c for c in self._retiring if not c.closed] + [conn]
+        conn.retired = True
+        conn.close_when_idle()
 
     async def control(self, mtype: str, timeout_s: float) -> dict:
         """``health`` or ``stats``, one at a time on the control connection; error replies raised."""
@@ -160,17 +207,22 @@ class AsyncEdgePool:
             except asyncio.TimeoutError:
                 self._open_control()  # a late reply must not answer the next request
                 raise TimeoutError(f"no {mtype} reply from {self.address} within {timeout_s:g} s") from None
-        return raise_for_error(P.decode_reply(frames)).body
+            reply = P.decode_reply(frames)
+            if reply.is_error and reply.body.get("code") == ErrorCode.SHUTTING_DOWN:
+                self._open_control()  # the next one connects to whichever runtime holds the address then
+        return raise_for_error(reply).body
 
     def close(self) -> None:
-        for c in self._conns:
+        for c in self._conns + self._retiring:
             if c.reader is not None:
                 c.reader.cancel()
             for fut in c.waiting.values():
                 if not fut.done():
                     fut.cancel()
-            c.sock.close(0)
+            if not c.closed:
+                c.sock.close(0)
         self._conns.clear()
+        self._retiring.clear()
         if self._control is not None:
             self._control.close(0)
             self._control = None
