@@ -249,3 +249,41 @@ def test_a_late_reply_is_never_the_answer_to_the_retry(example, tmp_path):
     rc, lines = run(example, "--connect", address, "--timeout-ms", "300", "--retries", "1", "hi")
     t.join(timeout=60)
     assert rc == 0 and [line["embedding"] for line in lines] == [[0, 0, 1, 0]], lines
+
+
+def _error(request_id: int, code: int, name: str) -> list[bytes]:
+    body = {"code": code, "name": name, "message": "server is shutting down", "trace_id": "0123456789abcdef",
+            "request_id": request_id}
+    return [msgpack.packb({"v": 1, "type": "error"}), msgpack.packb(body)]
+
+
+def test_shutting_down_is_sent_again_once_on_a_new_connection(example, tmp_path):
+    """An update's handover: the old runtime answers SHUTTING_DOWN, and the client sends the request
+    again on a new connection (which reaches the runtime that holds the address now), once."""
+    address = f"ipc://{tmp_path}/scripted.sock"
+
+    def script(recv, send):
+        first, _, body1 = recv()
+        send(first, _error(body1["request_id"], 2003, "SHUTTING_DOWN"))
+        second, _, body2 = recv()  # a new connection: the old one was closed
+        assert first != second and (body1["request_id"], body2["request_id"]) == (1, 2)
+        send(second, _reply(2, [0, 0, 0, 1]))
+
+    t = _scripted(address, script)
+    rc, lines = run(example, "--connect", address, "--timeout-ms", "60000", "hi")
+    t.join(timeout=60)
+    assert rc == 0 and [line["embedding"] for line in lines] == [[0, 0, 0, 1]], lines
+
+
+def test_a_second_shutting_down_is_the_callers(example, tmp_path):
+    address = f"ipc://{tmp_path}/scripted.sock"
+
+    def script(recv, send):
+        for _ in range(2):
+            rid, _, body = recv()
+            send(rid, _error(body["request_id"], 2003, "SHUTTING_DOWN"))
+
+    t = _scripted(address, script)
+    rc, lines = run(example, "--connect", address, "--timeout-ms", "60000", "hi")
+    t.join(timeout=60)
+    assert lines and lines[-1]["error"]["code"] == 2003 and rc != 0, (rc, lines)

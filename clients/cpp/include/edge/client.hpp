@@ -18,7 +18,13 @@
 //  * every infer carries a request_id unique in this client's life (1, 2, 3, ...), and a reply
 //    is matched to its request by that id, never by arrival order;
 //  * an error reply is thrown as edge::Error, with its code (edge/errors.hpp), name, message
-//    and trace_id.
+//    and trace_id;
+//  * a SHUTTING_DOWN reply to embed() comes from a runtime that is going and did not run the
+//    request (an update's handover: the new runtime holds the address already). When nothing
+//    else is in flight on the connection, it is closed, a new one opened (which reaches whoever
+//    holds the address now) and the request sent again there, once; a second SHUTTING_DOWN, or
+//    one with other requests in flight (a reset would drop them), is thrown. Python's EdgeClient
+//    connects again after it too; the gateway's pool sends again, like this.
 //
 // A Client is not thread-safe (neither is a ZeroMQ socket): use one per thread.
 #pragma once
@@ -385,10 +391,20 @@ public:
     EmbedResult embed(const std::vector<std::string>& texts, const EmbedOptions& opts = {}) {
         const Milliseconds timeout = opts.timeout.value_or(options_.timeout);
         const int attempts = 1 + std::max(0, opts.retries.value_or(options_.retries));
+        bool resent = false;  // after a SHUTTING_DOWN, on a new connection: once
         for (int attempt = 1; attempt <= attempts; ++attempt) {
             const std::uint64_t id = send_embed(texts, opts);
             if (std::optional<detail::Reply> reply = wait_for(id, timeout)) {
-                if (reply->is_error()) throw detail::to_error(*reply);
+                if (reply->is_error()) {
+                    Error e = detail::to_error(*reply);
+                    if (e.code() == ErrorCode::SHUTTING_DOWN && !resent && in_flight_.empty()) {
+                        reset();
+                        resent = true;
+                        --attempt;  // not a timed-out attempt: the retries stay the caller's
+                        continue;
+                    }
+                    throw e;
+                }
                 if (reply->type != "infer") throw ProtocolError("reply of type " + reply->type + " to an infer");
                 return detail::to_result(*reply, id);
             }
