@@ -99,6 +99,8 @@ class _Conn:
                 fut.set_result(reply)
             if self.retired:
                 self.close_when_idle()
+                if self.closed:
+                    return  # its socket is gone: nothing more to read
 
     def close_when_idle(self) -> None:
         """A retired connection: closed (reader and socket) once no request waits on it. A request

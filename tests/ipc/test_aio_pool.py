@@ -22,8 +22,12 @@ NEW = {"model_sha256": "n" * 64, "tokenizer_sha256": "t" * 64, "package_sha256":
 def loop():
     loop = asyncio.new_event_loop()
     yield loop
-    pending = asyncio.all_tasks(loop)  # the readers the pool's close cancelled: let them end
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    async def settle():  # the readers the pool's close cancelled: let them end
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.gather(*others, return_exceptions=True)
+
+    loop.run_until_complete(settle())
     loop.close()
 
 
@@ -101,3 +105,40 @@ def test_without_a_new_runtime_the_second_shutting_down_is_the_callers(make_serv
     finally:
         engine.release.set()
         pool.close()
+
+
+def test_a_retired_connection_still_delivers_what_it_owes_then_closes(make_server, loop):
+    """The refusal comes on a connection with another request still running on the old runtime: the
+    new connection serves the retry, and the old one hands over that request's reply, then closes."""
+    engine = FakeEngine()
+    old = make_server(engine)
+
+    async def scenario():
+        pool = AsyncEdgePool(old.address, size=1)  # one connection: the refused request shares it
+        pool.start()
+        try:
+            assert (await pool.embed(["warm"], deadline_ms=5000)).meta["model_sha256"][0] == "m"
+            first = pool._conns[0]
+            engine.release.clear()
+            engine.running.clear()
+            held = asyncio.ensure_future(pool.embed(["held"], deadline_ms=30000))
+            while not engine.running.is_set():
+                await asyncio.sleep(0.01)
+            new = make_server(name=".edge.sock.b", lineage=NEW)
+            new.take_over(old.address)
+            old.request_drain()
+            while old.state is not Lifecycle.DRAINING:
+                await asyncio.sleep(0.01)
+            retried = await pool.embed(["after"], deadline_ms=5000)  # refused on `first`, sent again
+            assert retried.meta["model_sha256"][0] == "n"
+            assert pool._conns[0] is not first and first.retired and not first.closed  # it owes "held"
+            engine.release.set()
+            assert (await held).meta["model_sha256"][0] == "m"  # the old runtime finished it
+            await asyncio.sleep(0)  # the reader's close after handing it over
+            assert first.closed
+        finally:
+            engine.release.set()
+            pool.close()
+
+    loop.run_until_complete(scenario())
+    assert old.wait(10.0)
