@@ -20,6 +20,7 @@ from edge.ipc.client import EdgeClient
 from edge.ipc.server import IpcServer, Lifecycle, default_bind_address
 from edge.serving.core import ServingCore
 from support.ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding, text_of_tokens
+from support.ipc_waits import wait_in_flight
 
 E = ErrorCode
 TOK = FakeTokenizer()
@@ -40,15 +41,6 @@ def by_rid(replies):
         assert rid not in out, f"two replies for {rid}"
         out[rid] = r
     return out
-
-
-def wait_in_flight(server, n: int, timeout_s: float = 5.0) -> None:
-    """Until the server holds ``n`` requests, asked over a connection of its own (AssertionError after timeout_s)."""
-    deadline = time.monotonic() + timeout_s
-    with EdgeClient(server.address, timeout_s=timeout_s) as h:
-        while (held := h.health()["queue"]["in_flight"]) != n:
-            assert time.monotonic() < deadline, f"{held} requests in flight after {timeout_s} s, not {n}"
-            time.sleep(0.002)  # poll interval
 
 
 def test_default_bind_address():
