@@ -201,7 +201,7 @@ def boot(args, timeline: Timeline, stop: threading.Event | None = None):
         fallback.lineage = lineage_of(fallback.manifest, fallback.engine)  # what degraded replies name
     core = ServingCore(_with_faults(engine, args), tokenizer, shapes=shapes, buffers=buffers, fallback=fallback,
                        breaker=_breaker(args, fallback is not None), cost=_engine_cost(chain.warm),
-                       probe_ids=manifest.serving.warm_sample_ids)
+                       probe_ids=manifest.serving.warm_sample_ids, warm_later=chain.warm_later)
     from edge.ipc.curve import server_curve  # --keys: CURVE on tcp:// (read in the bind stage)
 
     own = f"ipc://{os.path.join(os.path.dirname(bind[len('ipc://'):]), beside)}" if beside else bind

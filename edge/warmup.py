@@ -10,7 +10,9 @@ Three stages, run by boot (``edge/boot.py`` orders them per engine):
   (rows per batch, bucket), that the engine loop pads batches into. Pinned
   host memory when the engine runs on CUDA, so host-to-device copies are async.
 * ``warm_buckets``: run every (batch size, bucket) shape that will be served,
-  largest first so the allocator's first blocks fit every later shape. An engine
+  largest first so the allocator's first blocks fit every later shape. On a fresh CPU
+  boot only the smallest runs before READY and the engine loop runs the rest when it is
+  idle (``edge serve --warm-up``, :func:`edge.runtime.engine_chain.warm_plan`). An engine
   with ``warm_run`` (ONNX Runtime) warms through its own native buffers, without
   numpy: boot warms it while the main thread is still importing numpy.
 
@@ -91,8 +93,9 @@ def preallocate(shapes: BatchShapes, engine, pad_id: int = 0) -> dict[int, tuple
     return buffers
 
 
-def warm_buckets(engine, shapes: BatchShapes, sample_ids: list[int], buffers: dict | None = None) -> dict:
-    """Run every shape of ``shapes.warm_shapes()`` ``shapes.warm_repeats`` times.
+def warm_buckets(engine, shapes: BatchShapes, sample_ids: list[int], buffers: dict | None = None,
+                 plan: list[tuple[int, int]] | None = None) -> dict:
+    """Run every shape of ``plan`` (default: ``shapes.warm_shapes()``) ``shapes.warm_repeats`` times.
 
     Rows hold ``sample_ids`` (a real text's ids, specials included) so the
     engine sees the value ranges of serving, whatever the tokenizer. An engine
@@ -104,7 +107,7 @@ def warm_buckets(engine, shapes: BatchShapes, sample_ids: list[int], buffers: di
 
     runs = 0
     native = getattr(engine, "warm_run", None)
-    plan = shapes.warm_shapes()
+    plan = shapes.warm_shapes() if plan is None else plan
     fastest_ms: dict[str, float] = {}  # "RxT": the fastest run of the shape, the breaker's yardstick
     for batch, tokens in plan:
         row = list(sample_ids[:tokens])

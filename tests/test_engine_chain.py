@@ -13,9 +13,10 @@ import pytest
 import edge.engines
 from edge.errors import BootError, EngineError, ErrorCode, PackageError
 from edge.preload.serving_settings import ServingSettings
-from edge.runtime.engine_chain import EngineChain, engine_options
+from edge.runtime.engine_chain import EngineChain, engine_options, warm_plan
 from edge.runtime.stages import Handoff, Stages
 from edge.runtime.timeline import Timeline
+from edge.serving.shapes import BatchShapes
 
 HASH_WAIT_S = 10.0  # the fake hash waits at most this long for its go
 
@@ -233,3 +234,36 @@ def test_the_load_stage_passes_and_records_the_engine_options(monkeypatch):
     assert chain.result()[0] is engine
     assert seen == [{"prepacking": True}]
     assert _stages(timeline)["load_engine"]["prepacking"] is True
+
+
+SHAPES = [(1, 256), (1, 128), (1, 64), (1, 32), (1, 16)]  # a CPU's plan: batch 1 at every bucket, largest first
+
+
+@pytest.mark.parametrize("kind, choice, snapshot_point, deferred", [
+    ("cpu", "auto", False, True),  # a fresh CPU boot: the rest after READY
+    ("cpu", "auto", True, False),  # the snapshot's boot pays every shape once, before the checkpoint
+    ("cpu", "deferred", True, True),
+    ("cpu", "full", False, False),
+    ("cuda", "auto", False, False),  # graphs and TensorRT profiles exist only for warmed shapes
+    ("cuda", "deferred", False, False),
+])
+def test_the_warm_plan_defers_only_on_a_cpu(kind, choice, snapshot_point, deferred):
+    settings = ServingSettings.model_validate({"warm": {"cuda": {"batch_sizes": [1]}}})
+    shapes = BatchShapes(settings, max_seq_length=256, kind=kind)
+    assert shapes.warm_shapes() == SHAPES
+    now, later = warm_plan(types.SimpleNamespace(warm_up=choice, snapshot_point=snapshot_point), shapes)
+    if deferred:  # the smallest before READY; the rest smallest first, so a request waits the least
+        assert now == [(1, 16)] and later == [(1, 32), (1, 64), (1, 128), (1, 256)]
+    else:
+        assert now == SHAPES and later == []
+
+
+def test_the_warm_up_stage_records_what_it_left_for_after_ready(monkeypatch):
+    pkg = FakePackage(bad=False)
+    pkg.go.set()
+    engine = FakeEngine()
+    chain, timeline = _chain(monkeypatch, pkg, lambda p, name, device, **options: engine, warm_up="auto")
+    chain.result()
+    stage = _stages(timeline)["warm_buckets"]
+    assert stage["shapes"] == 1 and stage["deferred"] == ["1x32"] and engine.runs == 1
+    assert list(chain.warm["fastest_ms"]) == ["1x16"] and chain.warm_later == [(1, 32)]

@@ -40,6 +40,7 @@ ENVIRONMENT = {
     "EDGE_SNAPSHOT_POINT": "edge serve --snapshot-point (1: on)",
     "EDGE_VERIFY": "edge serve --verify",
     "EDGE_ORT_PREPACKING": "edge serve --ort-prepacking",
+    "EDGE_WARM_UP": "edge serve --warm-up",
     "EDGE_DRAIN_TIMEOUT_S": "edge serve --drain-timeout",
     "EDGE_CUDA_RESERVE_MB": "edge serve --cuda-reserve-mb",
     "EDGE_LOG_LEVEL": "edge serve --log-level",

@@ -100,6 +100,14 @@ def breaker_info(core: Any) -> dict:
     return info
 
 
+def warm_up_info(core: Any) -> dict:
+    """The ``warm_up`` block of stats: the shapes left to the idle engine after READY (``edge serve
+    --warm-up``), those it has run (ms), and the breaker's yardstick per shape now."""
+    loop = core.loop
+    return {"deferred_left": [f"{r}x{t}" for r, t in list(loop.warm_later)], "after_ready_ms": dict(loop.warmed_later),
+            "yardstick_ms": loop.cost.as_dict() if loop.cost is not None else None}
+
+
 def health_reply(server: Any, peer: Peer, ready: bool, in_flight: int) -> P.HealthReply:
     """The ``health`` reply of ``server`` (edge.ipc.server.IpcServer, on its I/O thread)."""
     return P.HealthReply(ready=ready, state=server.state.value,
@@ -116,7 +124,8 @@ def stats_reply(server: Any, peer: Peer, in_flight: int, connections: dict) -> P
     extra = server.extra_stats() if server.extra_stats else {}
     if server.journal is not None:
         extra = {**extra, "journal": server.journal.info()}
-    extra = {**extra, "breaker": breaker_info(server.core), "call_cost": server.core.loop.call_cost.as_dict()}
+    extra = {**extra, "breaker": breaker_info(server.core), "call_cost": server.core.loop.call_cost.as_dict(),
+             "warm_up": warm_up_info(server.core)}
     return P.StatsReply(metrics={**server.metrics.snapshot(), **extra}, state=server.state.value,
                         queue=queue_info(server.core, in_flight, True), lineage=server.lineage,
                         settings=serving_info(server.core.shapes, server.limits), timeline=timeline,

@@ -25,6 +25,7 @@ def _number(kind, env_name: str):
 # The flags whose value is one of a few words: (flag's dest, choices, variable).
 _CHOICES = (("engine", ENGINE_NAMES, "EDGE_ENGINE"), ("device", ("auto", "cpu", "cuda"), "EDGE_DEVICE"),
             ("verify", ("full", "size"), "EDGE_VERIFY"), ("ort_prepacking", ("auto", "on", "off"), "EDGE_ORT_PREPACKING"),
+            ("warm_up", ("auto", "full", "deferred"), "EDGE_WARM_UP"),
             ("log_level", ("debug", "info", "warning", "error"), "EDGE_LOG_LEVEL"))
 
 
@@ -66,6 +67,12 @@ def serve_parser(env: dict | None = None):
                    help="ONNX Runtime's weight prepacking on a CPU: faster matrix products for a packed copy of "
                         "the weights made at load; auto: on where the boot stops at --snapshot-point (paid once, "
                         "when the snapshot is taken), off on a fresh boot (docs/snapshot.md; env EDGE_ORT_PREPACKING)")
+    p.add_argument("--warm-up", choices=choices["warm_up"], default=e("EDGE_WARM_UP", "auto"),
+                   help="which shapes warm up before READY on a CPU: full: every one; deferred: the smallest "
+                        "(the first run's set-up, and a check of the engine's output), the rest on the idle engine "
+                        "once READY (a CPU runs a shape's first time as fast as its later ones); auto: deferred on "
+                        "a fresh CPU boot, full where the boot stops at --snapshot-point; CUDA always warms every "
+                        "shape first (env EDGE_WARM_UP)")
     p.add_argument("--drain-timeout", type=_number(float, "EDGE_DRAIN_TIMEOUT_S"), metavar="SECONDS",
                    default=e("EDGE_DRAIN_TIMEOUT_S", str(DEFAULT_DRAIN_TIMEOUT_S)),
                    help="seconds to finish in-flight requests after SIGTERM (env EDGE_DRAIN_TIMEOUT_S)")

@@ -37,7 +37,7 @@ class ServingCore:
                  max_seq_length: int | None = None, buffers: dict | None = None,
                  shapes: BatchShapes | None = None, breaker: CircuitBreaker | None = None,
                  fallback: Fallback | None = None, cost: EngineCost | None = None,
-                 probe_ids: list[int] | None = None) -> None:
+                 probe_ids: list[int] | None = None, warm_later: list[tuple[int, int]] | None = None) -> None:
         """``settings``: the package's record (a dict is validated into one, as a manifest's is).
         ``buffers``: input buffers from ``edge.warmup.preallocate`` (pinned on CUDA); made here
         when not given. ``shapes``: the ones boot warmed with; derived here when not given.
@@ -45,7 +45,8 @@ class ServingCore:
         while it is open (none: requests then fail fast with BREAKER_OPEN). ``cost``: the primary's
         time per shape from its warm-up, which tells the breaker an engine's miss from a client's
         impossible deadline (without it every late request counts). ``probe_ids``: the server's own
-        input for the breaker's half-open probes (the package's warm-up sample)."""
+        input for the breaker's half-open probes (the package's warm-up sample). ``warm_later``: the
+        shapes boot left for the engine loop to warm once READY, when idle (``edge serve --warm-up``)."""
         if shapes is None:
             if not isinstance(settings, ServingSettings):
                 settings = ServingSettings.model_validate(settings or {})
@@ -60,7 +61,7 @@ class ServingCore:
         self.loop = EngineLoop(engine, self.scheduler, pad_id=getattr(tokenizer, "pad_id", 0),
                                buffers=buffers if buffers is not None else preallocate(shapes, engine),
                                metrics=self.metrics, breaker=self.breaker, fallback=fallback, cost=cost,
-                               probe_ids=probe_ids or _probe_ids(tokenizer, shapes))
+                               probe_ids=probe_ids or _probe_ids(tokenizer, shapes), warm_later=warm_later)
         self.outbox = self.loop.outbox
         self.tokenize = TokenizeStage(self.admission, self.loop.submit, self.outbox, self.metrics)
         self._thread: threading.Thread | None = None

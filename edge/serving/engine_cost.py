@@ -10,7 +10,9 @@ of each, in ms. A request that misses its deadline counts against the engine onl
   engine itself was slow, not the queue in front of it (a flood of honest or hostile requests
   makes requests late without any fault of the engine's).
 
-Without warm-up timings (a core built without them) every late request counts, as before.
+Without warm-up timings (a core built without them) every late request counts, as before. A
+bucket whose deferred warm-up (``edge serve --warm-up``) has not run yet is estimated from a
+warmed one (:meth:`EngineCost.expected_ms`).
 """
 
 from __future__ import annotations
@@ -28,22 +30,47 @@ class EngineCost:
     def __init__(self, warm_ms: dict[tuple[int, int], float]) -> None:
         """``warm_ms``: {(rows, tokens): fastest warm-up run in ms} of every warmed shape."""
         self.warm_ms = {(int(r), int(t)): float(ms) for (r, t), ms in warm_ms.items() if ms > 0}
-        self._by_bucket: dict[int, list[tuple[int, float]]] = {}
+        self._index()
+
+    def _index(self) -> None:
+        by_bucket: dict[int, list[tuple[int, float]]] = {}
         for (rows, tokens), ms in sorted(self.warm_ms.items()):
-            self._by_bucket.setdefault(tokens, []).append((rows, ms))
+            by_bucket.setdefault(tokens, []).append((rows, ms))
+        self._by_bucket = by_bucket  # one assignment: a reader on another thread sees the old or the new
+
+    def add(self, rows: int, tokens: int, ms: float) -> None:
+        """A warm-up run that came after READY (a deferred warm-up, edge/serving/engine_loop.py):
+        the shape's yardstick from now on (the fastest, if it was warmed before)."""
+        if ms > 0:
+            key = (int(rows), int(tokens))
+            self.warm_ms = {**self.warm_ms, key: min(float(ms), self.warm_ms.get(key, float(ms)))}
+            self._index()
 
     def expected_ms(self, rows: int, bucket: int) -> float | None:
-        """A lower bound of the engine's time for ``rows`` x ``bucket`` (ms): the warm time of the
-        largest warmed batch size <= rows, or of the smallest one scaled down by rows; None when
-        the bucket was never warmed."""
+        """What the engine needs for ``rows`` x ``bucket`` (ms): the warm time of the largest warmed
+        batch size <= rows, or of the smallest one scaled down by rows. A bucket not warmed (yet:
+        a deferred warm-up) is estimated from its nearest warmed one, on the side that excuses
+        more: a shorter bucket's time scaled up by length (a call's fixed cost makes that too much),
+        else a longer bucket's time. Too much, not too little: until the bucket has run, a client's
+        tight deadline is not blamed on the engine, so it cannot trip the breaker with one. None
+        when nothing was warmed."""
         sizes = self._by_bucket.get(bucket)
         if not sizes:
-            return None
+            return self._estimated(rows, bucket)
         below = [ms for r, ms in sizes if r <= rows]
         if below:
             return below[-1]
         r0, ms0 = sizes[0]
         return ms0 * rows / r0
+
+    def _estimated(self, rows: int, bucket: int) -> float | None:
+        shorter = [b for b in self._by_bucket if b < bucket]
+        if shorter:
+            b = max(shorter)
+            ms = self.expected_ms(rows, b)
+            return None if ms is None else ms * bucket / b
+        longer = [b for b in self._by_bucket if b > bucket]
+        return self.expected_ms(rows, min(longer)) if longer else None
 
     def impossible(self, budget_ms: float, rows: int, bucket: int) -> bool:
         """The deadline gave less time than the engine needs for the shape at its best."""

@@ -32,7 +32,14 @@ from edge.serving.metrics import Metrics
 from edge.serving.request import Admit, Cancel, CancelOutcome, Failed, Finished, Part, Request
 from edge.serving.scheduler import BucketScheduler
 
-__all__ = ["EngineLoop"]
+__all__ = ["EngineLoop", "WARM_QUIET_S", "WARM_FORCE_S"]
+
+# The deferred warm-up (edge.runtime.engine_chain.warm_plan) runs a shape once no request has come
+# for WARM_QUIET_S: a client that sends at READY is served first, not after a warm-up run. Once the
+# loop has served for WARM_FORCE_S, the rest run between batches even while requests queue (each
+# waits one run at most): no traffic, honest or hostile, keeps the breaker's yardstick unmeasured.
+WARM_QUIET_S = 0.025
+WARM_FORCE_S = 1.0
 
 
 class EngineLoop:
@@ -40,7 +47,8 @@ class EngineLoop:
                  buffers: dict[int, tuple[np.ndarray, np.ndarray]], metrics: Metrics,
                  wake: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic,
                  breaker: CircuitBreaker | None = None, fallback: Fallback | None = None,
-                 cost: EngineCost | None = None, probe_ids: list[int] | None = None) -> None:
+                 cost: EngineCost | None = None, probe_ids: list[int] | None = None,
+                 warm_later: list[tuple[int, int]] | None = None) -> None:
         self.engine = engine
         self.sched = scheduler
         self.shapes = scheduler.shapes
@@ -68,6 +76,12 @@ class EngineLoop:
         self._probe_mask = np.zeros((1, bucket), dtype=np.int64)
         self._probe_ids[0, :len(row)] = row
         self._probe_mask[0, :len(row)] = 1
+        self._sample = list(probe_ids or [self.pad_id])  # the deferred warm-up's rows: the same sample
+        # Shapes boot left to warm once READY (edge.runtime.engine_chain.warm_plan), run one at a
+        # time while nothing is queued; their fastest runs join the breaker's yardstick.
+        self.warm_later: list[tuple[int, int]] = list(warm_later or [])
+        self.warmed_later: dict[str, float] = {}  # "RxT": ms, as stats reports it
+        self._started = self._last_arrival = 0.0  # monotonic s: the loop's start, the last request's arrival here
 
     # ------------------------------------------------- called by other threads
 
@@ -87,6 +101,7 @@ class EngineLoop:
     # ------------------------------------------------------------ the loop
 
     def run(self) -> None:
+        self._started = self._last_arrival = self._clock()
         while True:
             with self._cond:
                 if self._stop:
@@ -105,6 +120,11 @@ class EngineLoop:
                 batch = self.sched.next_batch(now)
                 if batch is not None:
                     self._run_batch(*batch)
+                    if self._warm_due_in(self._clock()) == 0.0:  # forced: one run between two batches
+                        self._warm_next()
+                    continue
+                if self._warm_due_in(now) == 0.0:
+                    self._warm_next()
                     continue
             except Exception:  # a bug here must not hang every queued request
                 log_exception("engine.loop_failed", trace_ids=[p.request.trace_id for p in self._current])
@@ -116,6 +136,9 @@ class EngineLoop:
                 probe_in = self.breaker.seconds_to_probe() if self.breaker is not None else None
                 if probe_in is not None:  # open: wake for the probe even when no client is waiting
                     timeout = probe_in if timeout is None else min(timeout, probe_in)
+                warm_in = self._warm_due_in(self._clock())
+                if warm_in is not None:  # wake when the engine has been quiet long enough to warm
+                    timeout = warm_in if timeout is None else min(timeout, warm_in)
                 if timeout is None or timeout > 0:
                     self._cond.wait(timeout)  # None: block until submit() or stop()
 
@@ -125,7 +148,7 @@ class EngineLoop:
 
     def _ingest(self, message: Admit | Cancel) -> None:
         if isinstance(message, Admit):
-            message.request.enqueued = self._clock()  # the end of its load phase (docs/trace.md)
+            message.request.enqueued = self._last_arrival = self._clock()  # the end of its load phase (docs/trace.md)
             self.sched.add(message.request)
             return
         target = message.target
@@ -211,20 +234,71 @@ class EngineLoop:
         assert self.breaker is not None
         return self.breaker
 
-    def _on_primary(self, ids, mask, until: float):
-        """The primary's run: here, or on its worker when a fallback exists, given up on at ``until``."""
+    def _on_primary(self, ids, mask, until: float, unfaulted: bool = False):
+        """The primary's run: here, or on its worker when a fallback exists, given up on at ``until``.
+        ``unfaulted``: without the faults ``--fault-engine-*`` inject (a yardstick is measured so)."""
+        run = getattr(self.engine, "unfaulted", self.engine).run if unfaulted else self.engine.run
         if self.worker is None:
-            return self.engine.run(ids, mask)
+            return run(ids, mask)
         t0 = self._clock()
         if not self.worker.wait_idle(until - t0):
             raise PrimaryTimeout("the primary engine is still running an earlier batch it was given up on",
                                  (self._clock() - t0) * 1000.0)
-        self.worker.start(ids, mask)
+        self.worker.start(ids, mask, run)
         done, out = self.worker.wait(max(0.0, until - self._clock()))
         if not done:
             raise PrimaryTimeout("the primary engine did not return before the batch's last deadline",
                                  (self._clock() - t0) * 1000.0)
         return out
+
+    def _warm_due_in(self, now: float) -> float | None:
+        """Seconds until the next deferred warm-up run may start (0: now), or None while it may not:
+        nothing left, the breaker not closed (the probes judge the primary then), or requests
+        queued or coming in before :data:`WARM_FORCE_S` (see there)."""
+        if not self.warm_later or (self.breaker is not None and self.breaker.route() is not Route.PRIMARY):
+            return None
+        if now - self._started >= WARM_FORCE_S:
+            return 0.0
+        with self._cond:
+            if self._intake or self._stop:
+                return None
+        if self.sched.queued_requests():
+            return None
+        return max(0.0, self._last_arrival + WARM_QUIET_S - now)
+
+    def _warm_next(self) -> None:
+        """One shape of the deferred warm-up on the primary (without injected faults, as boot's
+        warm-up ran), the warm-up's own sample in every row, in the bucket's buffers, with the
+        probe's deadline. A request that comes meanwhile waits for this one run at most (the
+        smallest shapes come first). A failure ends the deferred warm-up (logged; the breaker
+        judges the engine on real batches)."""
+        rows, tokens = self.warm_later.pop(0)
+        ids_buf, mask_buf = self.buffers[tokens]
+        ids, mask = ids_buf[:rows], mask_buf[:rows]
+        row = self._sample[:tokens]
+        ids.fill(self.pad_id)
+        mask.fill(0)
+        ids[:, :len(row)] = row
+        mask[:, :len(row)] = 1
+        t0 = self._clock()
+        try:
+            out = np.asarray(self._on_primary(ids, mask, t0 + PROBE_DEADLINE_S, unfaulted=True))
+            ms = (self._clock() - t0) * 1000.0
+            if out.ndim != 2 or out.shape[0] != rows or not np.isfinite(out).all():
+                raise ValueError(f"output of shape {out.shape}, or not finite")
+        except Exception as exc:
+            log("warmup.deferred_failed", level="error", shape=f"{rows}x{tokens}", error=f"{type(exc).__name__}: {exc}"[:300],
+                left=[f"{r}x{t}" for r, t in self.warm_later])
+            self.warm_later = []
+            return
+        finally:
+            mask.fill(0)  # stale rows must never look like real tokens
+        self.call_cost.observe(rows * tokens, ms)
+        if self.cost is not None:
+            self.cost.add(rows, tokens, ms)
+        self.warmed_later[f"{rows}x{tokens}"] = round(ms, 3)
+        if not self.warm_later:
+            log("warmup.deferred_done", shapes=self.warmed_later)
 
     def _probe(self) -> None:
         """One half-open probe of the breaker's: the server's own input on the primary, with the

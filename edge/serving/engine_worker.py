@@ -34,15 +34,16 @@ class EngineWorker:
         """A call is in progress (or was given up on and has not returned yet)."""
         return self._busy
 
-    def start(self, ids, mask) -> None:
-        """Hand one batch to the thread; the caller waits with :meth:`wait`."""
+    def start(self, ids, mask, run: Any = None) -> None:
+        """Hand one batch to the thread; the caller waits with :meth:`wait`. ``run``: the call to
+        make instead of the engine's ``run`` (the same engine's, without injected faults)."""
         with self._cond:
             if self._busy:
                 raise RuntimeError("the primary engine is still running an earlier batch")
             self._busy = True
             self._done.clear()
             self._out, self._error = None, None
-            self._job = (ids, mask)
+            self._job = (ids, mask, run or self.engine.run)
             self._cond.notify()
 
     def wait(self, timeout_s: float | None) -> tuple[bool, Any]:
@@ -71,10 +72,10 @@ class EngineWorker:
                 if self._stop:
                     return
                 assert self._job is not None  # the wait ends on a job or a stop
-                ids, mask = self._job
+                ids, mask, run = self._job
                 self._job = None
             try:
-                self._out = self.engine.run(ids, mask)
+                self._out = run(ids, mask)
             except BaseException as exc:  # noqa: BLE001 - handed to the loop's thread
                 self._error = exc
             self._busy = False

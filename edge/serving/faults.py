@@ -32,6 +32,12 @@ class FaultyEngine:
         self._random = random.Random(seed)
         self.injected = {"delayed": 0, "failed": 0}
 
+    @property
+    def unfaulted(self) -> Any:
+        """The engine without the faults: what the breaker's yardstick is measured on (the deferred
+        warm-up, edge/serving/engine_loop.py), as boot's warm-up measured it before the wrapping."""
+        return self._engine
+
     def __getattr__(self, name: str) -> Any:  # name, device, providers, ...: the real engine's
         return getattr(self._engine, name)
 

@@ -103,6 +103,23 @@ def test_timeline_says_how_each_file_was_checked(ort_runtime, minilm_package):
     assert stages["verify_tokenizer"]["verified_by"] == {"tokenizer.fb": expect("tokenizer.fb")}
 
 
+def test_a_fresh_cpu_boot_warms_one_shape_before_ready_and_the_rest_once_idle(ort_runtime):
+    """``--warm-up auto`` on a fresh CPU boot: the smallest bucket before READY, the others on the idle
+    engine after it; each then has its own yardstick, and the replies are the same as ever."""
+    record = json.loads((ort_runtime.workdir / "timeline.json").read_text())
+    warm = next(s for s in record["stages"] if s["stage"] == "warm_buckets")
+    with EdgeClient(ort_runtime.address, timeout_s=60) as client:
+        buckets = client.stats()["settings"]["buckets"]
+        assert warm["shapes"] == 1 and warm["deferred"] == [f"1x{b}" for b in buckets[1:]], warm
+        deadline = time.monotonic() + 60.0
+        while (w := client.stats()["warm_up"])["deferred_left"]:
+            assert time.monotonic() < deadline, w
+            time.sleep(0.05)  # poll interval
+    assert set(w["after_ready_ms"]) == set(warm["deferred"]), w
+    assert set(w["yardstick_ms"]) == {f"1x{b}" for b in buckets} and all(ms > 0 for ms in w["yardstick_ms"].values()), w
+    assert '"warmup.deferred_done"' in ort_runtime.output()
+
+
 def test_drain_on_sigterm_answers_every_request_once(minilm_package, tmp_path):
     rt = start_runtime(tmp_path / "drain", "--package", str(minilm_package), "--drain-timeout", "20")
     try:

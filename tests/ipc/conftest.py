@@ -38,9 +38,10 @@ def make_server(sock_dir):
     servers: list[IpcServer] = []
 
     def make(engine=None, serving=None, name="edge.sock", start=True, max_seq_length=MAX_SEQ, lineage=LINEAGE,
-             **kw) -> IpcServer:
+             core_kw: dict | None = None, **kw) -> IpcServer:
         engine = engine or FakeEngine()
-        core = ServingCore(engine, FakeTokenizer(), {**SERVING, **(serving or {})}, max_seq_length=max_seq_length)
+        core = ServingCore(engine, FakeTokenizer(), {**SERVING, **(serving or {})}, max_seq_length=max_seq_length,
+                           **(core_kw or {}))
         lineage = Lineage(**lineage, engine=engine.name, device=engine.device)  # as boot builds it
         server = IpcServer(f"ipc://{sock_dir}/run/{name}", core, lineage, **kw)
         servers.append(server)

@@ -88,11 +88,19 @@ def test_engine_cost_tells_the_clients_deadline_from_the_engines_slowness():
 
     cost = EngineCost({(1, 16): 10.0, (8, 16): 40.0, (1, 128): 30.0})
     assert cost.expected_ms(1, 16) == 10.0 and cost.expected_ms(5, 16) == 10.0 and cost.expected_ms(8, 16) == 40.0
-    assert cost.expected_ms(2, 64) is None
+    # a bucket not warmed (yet): the nearest shorter one's time, scaled up by length; else the nearest longer one's
+    assert cost.expected_ms(2, 64) == 10.0 * 64 / 16 and cost.expected_ms(8, 64) == 40.0 * 64 / 16
+    assert EngineCost({(1, 128): 30.0}).expected_ms(1, 64) == 30.0 and EngineCost({}).expected_ms(1, 64) is None
     assert cost.impossible(5.0, 1, 16) and not cost.impossible(10.0, 1, 16)
     assert not cost.slow(SLOW_FACTOR * 10 + SLOW_SLACK_MS, 1, 16) and cost.slow(SLOW_FACTOR * 10 + SLOW_SLACK_MS + 1, 1, 16)
-    assert cost.slow(1.0, 2, 64)  # a shape never warmed: nothing to excuse it with
+    assert EngineCost({}).slow(1.0, 2, 64)  # nothing warmed: nothing to excuse it with
+    assert cost.impossible(39.0, 1, 64) and not cost.slow(3 * 40.0 + SLOW_SLACK_MS, 1, 64)  # estimated
     assert EngineCost({(2, 32): 8.0}).expected_ms(1, 32) == 4.0  # below the smallest warmed size: scaled
+    cost.add(1, 64, 20.0)  # a deferred warm-up's run, after READY: measured, no longer estimated
+    assert cost.expected_ms(2, 64) == 20.0 and cost.slow(3 * 20.0 + SLOW_SLACK_MS + 1, 1, 64)
+    cost.add(1, 64, 25.0)
+    cost.add(1, 16, 8.0)  # the fastest run is the yardstick
+    assert cost.expected_ms(1, 64) == 20.0 and cost.expected_ms(1, 16) == 8.0 and cost.as_dict()["1x64"] == 20.0
 
 
 def test_a_batch_from_before_the_trip_does_not_count():
