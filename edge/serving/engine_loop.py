@@ -11,6 +11,10 @@ to the fallback while the breaker is open (the requests are marked ``degraded``)
 once with BREAKER_OPEN when there is no fallback. With a fallback the primary runs on a worker
 thread of its own (edge/serving/engine_worker.py), so a primary that hangs costs the batch its
 deadline, not the loop: the fallback, owned by this thread, goes on serving.
+
+After a fresh CPU boot the loop also runs the shapes boot left unwarmed (``edge serve --warm-up``),
+one at a time, when no client has sent for a moment (:data:`WARM_QUIET_S`), or between batches
+once it has served for :data:`WARM_FORCE_S`; each run's time joins the breaker's yardstick.
 """
 
 from __future__ import annotations
@@ -292,7 +296,8 @@ class EngineLoop:
             self.warm_later = []
             return
         finally:
-            mask.fill(0)  # stale rows must never look like real tokens
+            ids.fill(self.pad_id)  # stale rows must never look like real tokens
+            mask.fill(0)
         self.call_cost.observe(rows * tokens, ms)
         if self.cost is not None:
             self.cost.add(rows, tokens, ms)
