@@ -271,6 +271,18 @@ def test_vocab_longest_and_alphabet(minilm_fb, minilm_json):
     assert inner == {c for t in vocab for c in t[1:]}
 
 
+def test_preparing_the_tokenizer_imports_nothing_more(minilm_fb):
+    """Boot's prepare_tokenizer runs on the main thread before READY: numpy's np.unique imported
+    numpy.ma there (7 ms of the boot here); the alphabet is made without it."""
+    import subprocess
+
+    code = ("import sys; from edge.preload.tokenizer import Tokenizer; tok = Tokenizer.open(sys.argv[1]); "
+            "before = set(sys.modules); tok.prepare(); print(sorted(set(sys.modules) - before))")
+    out = subprocess.run([sys.executable, "-c", code, str(minilm_fb)], capture_output=True, text=True, check=True)
+    new = eval(out.stdout)  # a list of module names
+    assert not [m for m in new if m.startswith("numpy")], new
+
+
 # -- the word cache --------------------------------------------------------------------------
 
 
