@@ -10,7 +10,7 @@ import pytest
 from edge.serving import engine_loop
 from edge.serving.engine_cost import EngineCost
 from edge.serving.faults import with_faults
-from support.ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding
+from support.ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding, text_of_tokens
 from support.ipc_waits import wait_in_flight
 
 SAMPLE = [1, 77, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 2]  # CLS ... SEP
@@ -130,3 +130,21 @@ def test_the_deferred_yardstick_is_measured_without_injected_faults(make_server,
     w = _until_done(c)
     assert all(ms < delay_ms for ms in w["after_ready_ms"].values()), w
     assert c.embed(["a client's batch is delayed"]).meta["compute_ms"] >= delay_ms
+
+
+def test_impossible_deadlines_on_a_bucket_not_warmed_yet_cannot_trip_the_breaker(make_server, make_client,
+                                                                                  monkeypatch):
+    """While a bucket's deferred run has not come (here: held off), the breaker estimates its need
+    from the warmed one; a client's 1 ms deadlines are its own choice, not the engine's miss."""
+    monkeypatch.setattr(engine_loop, "WARM_QUIET_S", 3600.0)
+    monkeypatch.setattr(engine_loop, "WARM_FORCE_S", 3600.0)
+    engine = FakeEngine(sleep_s=0.005)  # every call 5 ms: past a 1 ms deadline, as fast as it ever is
+    server = make_server(engine, core_kw=_core_kw())
+    c = make_client(server)
+    threshold = server.core.breaker.threshold
+    for rid in range(3 * threshold):
+        c.send("infer", {"texts": [text_of_tokens(40, word=f"h{rid}x")], "request_id": rid, "deadline_ms": 1})
+        c.recv(WAIT_S)  # answered (late, or DEADLINE_EXCEEDED in the queue): either way not the engine's fault
+    stats = c.stats()
+    assert stats["warm_up"]["deferred_left"] == ["1x16", "1x32", "1x64"]  # the 64 bucket still unmeasured
+    assert stats["breaker"]["state"] == "closed" and stats["breaker"]["consecutive_misses"] == 0, stats["breaker"]
