@@ -33,7 +33,13 @@ FILE_IDENTIFIER = b"ORTM"
 # InferenceSession's fields as vtable slots (byte offsets in the vtable): ort_version, model,
 # session_state (deprecated, never written since ORT 1.13), kernel_type_str_resolver.
 _SESSION_SLOTS = {4: "ort_version", 6: "model", 8: "session_state", 10: "kernel_type_str_resolver"}
-_MAX_ALIGN = 4096
+# The canonical file's length is a multiple of this. FlatBuffers aligns from the end of the
+# buffer, so the kept model's fields stay aligned as long as the file's length is a multiple of
+# the largest alignment they need (the converter's own minalign, well under a page). A constant,
+# not a figure read from the input: the converter's file length varies with its head's layout, and
+# an alignment derived from it (the largest power of two dividing it) made two builds differ by
+# 8 bytes of padding whenever one raw length happened to be a multiple of 16 and the other not.
+FILE_ALIGN = 4096
 
 Entries = list[tuple[bytes, list[tuple[bytes, list[tuple[int, int]]]]]]
 
@@ -71,12 +77,12 @@ def canonical_ort(data: bytes) -> bytes:
         raise OrtLayoutError("the model does not follow the session's head")
     kept = data[keep_from:]
     builder = flatbuffers.Builder(0)
-    # Start the builder with the kept bytes already written at its end, and with the file's
-    # own alignment: every offset the builder hands out is counted from the end of the buffer.
+    # Start the builder with the kept bytes already written at its end: every offset the builder
+    # hands out is counted from the end of the buffer, so the kept bytes' offsets stay valid.
     room = 16384
     builder.Bytes = bytearray(room) + kept
     builder.head = flatbuffers.number_types.UOffsetTFlags.py_type(room)
-    builder.minalign = _alignment(len(data))
+    builder.minalign = FILE_ALIGN
     resolver = _write_resolver(builder, resolver_entries(data))
     InferenceSession.Start(builder)
     InferenceSession.AddOrtVersion(builder, len(data) - version)
@@ -118,14 +124,6 @@ def _string_pos(data: bytes, tab: flatbuffers.table.Table, slot: int) -> int | N
     field = tab.Pos + o
     return field + struct.unpack_from("<I", data, field)[0]
 
-
-def _alignment(length: int) -> int:
-    """The largest power of two (up to 4 KiB) dividing the file's length: at least the original
-    builder's alignment, so keeping the tail's distance from the end keeps every field aligned."""
-    align = 1
-    while align < _MAX_ALIGN and length % (align * 2) == 0:
-        align *= 2
-    return align
 
 
 def _write_resolver(builder: flatbuffers.Builder, entries: Entries) -> int:

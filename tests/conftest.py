@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if "EDGE_STATE_DIR" not in os.environ:
     os.environ["EDGE_STATE_DIR"] = tempfile.mkdtemp(prefix="edge-tests-state-")
     atexit.register(shutil.rmtree, os.environ["EDGE_STATE_DIR"], ignore_errors=True)
-_CODE = ["image/package.py", "image/export_model.py", "edge/preload/manifest.py", "edge/preload/serving_settings.py", "image/tokenizer/*.py",
+_CODE = ["image/package.py", "image/export_model.py", "image/ort_format.py", "edge/preload/manifest.py", "edge/preload/serving_settings.py", "image/tokenizer/*.py",
          "image/tokenizer/*.json", "edge/preload/tokenizer.fbs", "edge/preload/tokenizer_fb/*.py"]
 
 
