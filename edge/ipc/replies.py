@@ -104,8 +104,11 @@ def warm_up_info(core: Any) -> dict:
     """The ``warm_up`` block of stats: the shapes left to the idle engine after READY (``edge serve
     --warm-up``), those it has run (ms), and the breaker's yardstick per shape now."""
     loop = core.loop
+    fallback = core.fallback
     return {"deferred_left": [f"{r}x{t}" for r, t in list(loop.warm_later)], "after_ready_ms": dict(loop.warmed_later),
-            "yardstick_ms": loop.cost.as_dict() if loop.cost is not None else None}
+            "yardstick_ms": loop.cost.as_dict() if loop.cost is not None else None,
+            "fallback_deferred_left": [f"{r}x{t}" for r, t in list(fallback.warm_later)] if fallback is not None else [],
+            "fallback_after_ready_ms": dict(loop.fallback_warmed_later)}
 
 
 def health_reply(server: Any, peer: Peer, ready: bool, in_flight: int) -> P.HealthReply:

@@ -33,16 +33,16 @@ def load_fallback(pkg, verify: str):
     return fpkg, load_engine(fpkg, engine_name, device)
 
 
-def warm_fallback(engine, shapes, manifest) -> dict:
-    """Every warmed shape of the primary run once on the fallback (it serves the same batches);
-    its own input buffers, returned."""
+def warm_fallback(engine, shapes, manifest, plan: list[tuple[int, int]] | None = None) -> dict:
+    """Every warmed shape of the primary (or those of ``plan``) run once on the fallback (it serves
+    the same batches); its own input buffers, returned."""
     from edge import warmup
 
     buffers = warmup.preallocate(shapes, engine)
     sample = manifest.serving.warm_sample_ids
     if sample is None:
         raise ValueError("the fallback package stores no warm-up sample (serving.warm_sample_ids): rebuild it")
-    warmup.warm_buckets(engine, shapes, sample, buffers)
+    warmup.warm_buckets(engine, shapes, sample, buffers, plan=plan)
     return buffers
 
 
@@ -55,6 +55,19 @@ def boot_fallback(stages, args, pkg, shapes) -> Fallback | None:
     if loaded is None:
         return None
     fpkg, engine = loaded
-    buffers = stages.run(warm_fallback, engine, shapes, fpkg.manifest, setting=FALLBACK_SETTING,
-                         engine=engine.name, device=engine.device)
-    return Fallback(engine, buffers, manifest=fpkg.manifest)
+    now, later = _warm_plan(args, shapes, engine)
+    buffers = stages.run(warm_fallback, engine, shapes, fpkg.manifest, kwargs={"plan": now}, setting=FALLBACK_SETTING,
+                         engine=engine.name, device=engine.device, shapes=len(now),
+                         deferred=[f"{r}x{t}" for r, t in later])
+    return Fallback(engine, buffers, manifest=fpkg.manifest, warm_later=later)
+
+
+def _warm_plan(args, shapes, engine) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The primary's rule (``--warm-up``), for the fallback's own device: a CUDA fallback beside a CPU
+    primary warms every shape before READY."""
+    from edge.engines.device import device_kind
+    from edge.runtime.engine_chain import warm_plan
+
+    if device_kind(engine.device) != "cpu":
+        return shapes.warm_shapes(), []
+    return warm_plan(args, shapes)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 __all__ = ["BreakerState", "Route", "CircuitBreaker", "Fallback", "PrimaryTimeout", "PROBE_DEADLINE_S", "TRIPS_KEPT"]
@@ -47,6 +47,9 @@ class Fallback:
     buffers: dict
     manifest: Any = None
     lineage: Any = None
+    # Shapes left to warm once READY (a fresh CPU boot, edge.runtime.engine_chain.warm_plan): the
+    # engine loop runs them after the primary's, when idle.
+    warm_later: list = field(default_factory=list)
 
 
 class PrimaryTimeout(Exception):

@@ -85,6 +85,7 @@ class EngineLoop:
         # time while nothing is queued; their fastest runs join the breaker's yardstick.
         self.warm_later: list[tuple[int, int]] = list(warm_later or [])
         self.warmed_later: dict[str, float] = {}  # "RxT": ms, as stats reports it
+        self.fallback_warmed_later: dict[str, float] = {}  # the fallback's, after the primary's
         self._started = self._last_arrival = 0.0  # monotonic s: the loop's start, the last request's arrival here
 
     # ------------------------------------------------- called by other threads
@@ -259,7 +260,8 @@ class EngineLoop:
         """Seconds until the next deferred warm-up run may start (0: now), or None while it may not:
         nothing left, the breaker not closed (the probes judge the primary then), or requests
         queued or coming in before :data:`WARM_FORCE_S` (see there)."""
-        if not self.warm_later or (self.breaker is not None and self.breaker.route() is not Route.PRIMARY):
+        if not (self.warm_later or self._fallback_warm_left()) or (
+                self.breaker is not None and self.breaker.route() is not Route.PRIMARY):
             return None
         if now - self._started >= WARM_FORCE_S:
             return 0.0
@@ -270,12 +272,17 @@ class EngineLoop:
             return None
         return max(0.0, self._last_arrival + WARM_QUIET_S - now)
 
+    def _fallback_warm_left(self) -> list:
+        return self.fallback.warm_later if self.fallback is not None else []
+
     def _warm_next(self) -> None:
-        """One shape of the deferred warm-up on the primary (without injected faults, as boot's
-        warm-up ran), the warm-up's own sample in every row, in the bucket's buffers, with the
-        probe's deadline. A request that comes meanwhile waits for this one run at most (the
-        smallest shapes come first). A failure ends the deferred warm-up (logged; the breaker
-        judges the engine on real batches)."""
+        """One shape of the deferred warm-up: the primary's (without injected faults, as boot's
+        warm-up ran), then the fallback's, the warm-up's own sample in every row, in the bucket's
+        buffers, the primary's with the probe's deadline. A request that comes meanwhile waits for
+        this one run at most (the smallest shapes come first). A failure ends that engine's
+        deferred warm-up (logged; the breaker judges the engine on real batches)."""
+        if not self.warm_later:
+            return self._warm_fallback_next()
         rows, tokens = self.warm_later.pop(0)
         ids_buf, mask_buf = self.buffers[tokens]
         ids, mask = ids_buf[:rows], mask_buf[:rows]
@@ -291,7 +298,8 @@ class EngineLoop:
             if out.ndim != 2 or out.shape[0] != rows or not np.isfinite(out).all():
                 raise ValueError(f"output of shape {out.shape}, or not finite")
         except Exception as exc:
-            log("warmup.deferred_failed", level="error", shape=f"{rows}x{tokens}", error=f"{type(exc).__name__}: {exc}"[:300],
+            log("warmup.deferred_failed", level="error", engine="primary", shape=f"{rows}x{tokens}",
+                error=f"{type(exc).__name__}: {exc}"[:300],
                 left=[f"{r}x{t}" for r, t in self.warm_later])
             self.warm_later = []
             return
@@ -303,7 +311,35 @@ class EngineLoop:
             self.cost.add(rows, tokens, ms)
         self.warmed_later[f"{rows}x{tokens}"] = round(ms, 3)
         if not self.warm_later:
-            log("warmup.deferred_done", shapes=self.warmed_later)
+            log("warmup.deferred_done", engine="primary", shapes=self.warmed_later)
+
+    def _warm_fallback_next(self) -> None:
+        """One shape of the fallback's deferred warm-up, on this thread (it owns the fallback)."""
+        fallback = self._fallback()
+        rows, tokens = fallback.warm_later.pop(0)
+        ids_buf, mask_buf = fallback.buffers[tokens]
+        ids, mask = ids_buf[:rows], mask_buf[:rows]
+        row = self._sample[:tokens]
+        ids.fill(self.pad_id)
+        mask.fill(0)
+        ids[:, :len(row)] = row
+        mask[:, :len(row)] = 1
+        t0 = self._clock()
+        try:
+            out = np.asarray(fallback.engine.run(ids, mask))
+            if out.ndim != 2 or out.shape[0] != rows or not np.isfinite(out).all():
+                raise ValueError(f"output of shape {out.shape}, or not finite")
+        except Exception as exc:
+            log("warmup.deferred_failed", level="error", engine="fallback", shape=f"{rows}x{tokens}",
+                error=f"{type(exc).__name__}: {exc}"[:300], left=[f"{r}x{t}" for r, t in fallback.warm_later])
+            fallback.warm_later.clear()
+            return
+        finally:
+            ids.fill(self.pad_id)
+            mask.fill(0)
+        self.fallback_warmed_later[f"{rows}x{tokens}"] = round((self._clock() - t0) * 1000.0, 3)
+        if not fallback.warm_later:
+            log("warmup.deferred_done", engine="fallback", shapes=self.fallback_warmed_later)
 
     def _probe(self) -> None:
         """One half-open probe of the breaker's: the server's own input on the primary, with the

@@ -148,3 +148,25 @@ def test_impossible_deadlines_on_a_bucket_not_warmed_yet_cannot_trip_the_breaker
     stats = c.stats()
     assert stats["warm_up"]["deferred_left"] == ["1x16", "1x32", "1x64"]  # the 64 bucket still unmeasured
     assert stats["breaker"]["state"] == "closed" and stats["breaker"]["consecutive_misses"] == 0, stats["breaker"]
+
+
+def test_the_fallbacks_deferred_shapes_run_after_the_primarys(make_server, make_client):
+    from conftest import MAX_SEQ, SERVING
+    from edge.preload.serving_settings import ServingSettings
+    from edge.serving.breaker import Fallback
+    from edge.serving.shapes import BatchShapes
+    from edge.warmup import preallocate
+
+    shapes = BatchShapes(ServingSettings.model_validate(SERVING), max_seq_length=MAX_SEQ, kind="cpu")
+    spare = FakeEngine()
+    fallback = Fallback(spare, preallocate(shapes, spare), warm_later=list(LATER))
+    primary = FakeEngine()
+    server = make_server(primary, core_kw={**_core_kw(), "fallback": fallback})
+    c = make_client(server)
+    deadline = time.monotonic() + WAIT_S
+    while (w := _warm_up(c))["deferred_left"] or w["fallback_deferred_left"]:
+        assert time.monotonic() < deadline, w
+        time.sleep(0.005)  # poll interval
+    assert primary.calls[:3] == LATER and spare.calls == LATER  # one run each, on its own engine
+    assert set(w["fallback_after_ready_ms"]) == {"1x16", "1x32", "1x64"} and spare.padding_violations == 0
+    assert set(w["yardstick_ms"]) == {"1x8", "1x16", "1x32", "1x64"}  # the primary's alone
