@@ -11,17 +11,8 @@ from edge.ipc.client import EdgeClient
 from edge.ipc.protocol import Lineage
 from edge.ipc.server import IpcServer
 from edge.serving.core import ServingCore
-from support.ipc_fakes import FakeEngine, FakeTokenizer
+from support.ipc_fakes import MAX_SEQ, SERVING, FakeEngine, FakeTokenizer
 
-SERVING = {
-    "buckets": [8, 16, 32, 64],  # tokens
-    "max_batch_size": 8,  # texts
-    "max_batch_tokens": 256,  # padded tokens: the 64 bucket holds 4 rows
-    "max_delay_ms": 2.0,
-    "max_queue_requests": 64,  # texts
-    "max_queue_tokens": 4096,  # padded tokens
-}
-MAX_SEQ = 64
 LINEAGE = {"model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64, "package_sha256": "p" * 64}
 
 

@@ -10,7 +10,7 @@ import pytest
 from edge.serving import engine_loop
 from edge.serving.engine_cost import EngineCost
 from edge.serving.faults import with_faults
-from support.ipc_fakes import FakeEngine, FakeTokenizer, expected_embedding, text_of_tokens
+from support.ipc_fakes import MAX_SEQ, SERVING, FakeEngine, FakeTokenizer, expected_embedding, text_of_tokens
 from support.ipc_waits import wait_in_flight
 
 SAMPLE = [1, 77, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 2]  # CLS ... SEP
@@ -151,7 +151,6 @@ def test_impossible_deadlines_on_a_bucket_not_warmed_yet_cannot_trip_the_breaker
 
 
 def test_the_fallbacks_deferred_shapes_run_after_the_primarys(make_server, make_client):
-    from conftest import MAX_SEQ, SERVING
     from edge.preload.serving_settings import ServingSettings
     from edge.serving.breaker import Fallback
     from edge.serving.shapes import BatchShapes

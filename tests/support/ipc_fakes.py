@@ -16,6 +16,16 @@ import numpy as np
 
 PAD, CLS, SEP = 0, 1, 2
 VOCAB = 1000
+# The serving settings and sequence length of the fake runtimes the ipc tests start (make_server).
+SERVING = {
+    "buckets": [8, 16, 32, 64],  # tokens
+    "max_batch_size": 8,  # texts
+    "max_batch_tokens": 256,  # padded tokens: the 64 bucket holds 4 rows
+    "max_delay_ms": 2.0,
+    "max_queue_requests": 64,  # texts
+    "max_queue_tokens": 4096,  # padded tokens
+}
+MAX_SEQ = 64
 DIM = 8
 
 
