@@ -179,6 +179,7 @@ def _convert_ort(onnx_path: Path, out_path: Path, target_platform: str) -> None:
     addresses, which differ with the venv's path, the CPUs and the threads' timing;
     image/ort_format.py rewrites that head in one order, so two builds are byte-identical.
     """
+    from edge.engines.ort_capi import TELEMETRY_ENV
     from image.ort_format import canonical_ort
 
     base = "/tmp" if os.access("/tmp", os.W_OK) else None
@@ -186,7 +187,8 @@ def _convert_ort(onnx_path: Path, out_path: Path, target_platform: str) -> None:
         work = Path(tmp)
         shutil.copyfile(onnx_path, work / "model.onnx")
         (work / "out").mkdir()
-        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+        env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+               TELEMETRY_ENV: "1"}  # the build host sends nothing either (edge/engines/ort_capi.py)
         cmd = [sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", "model.onnx",
                "--output_dir", "out", "--optimization_style", "Fixed", "--target_platform", target_platform]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.engines.ort_capi import TELEMETRY_ENV
 from edge.preload.fallback import FallbackSpec
 from edge.preload.manifest import MANIFEST_NAME, TOKENIZER_FILE, Manifest, ModelPackage, open_package, sha256_file
 
@@ -125,7 +126,8 @@ def quantize_model(stage: Path, convert_ort, target_platform: str) -> None:
     shutil.move(str(stage / "model.onnx"), full / "model.onnx")
     convert_ort(full / "model.onnx", full / "model.ort", target_platform)
     cfg = {"nodes": list(INT8_NODES), "op_types": list(OP_TYPES), "extra_options": EXTRA_OPTIONS, "reduce_range": REDUCE_RANGE}
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(full), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(full), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+           TELEMETRY_ENV: "1"}  # no telemetry from the build host either (edge/engines/ort_capi.py)
     proc = subprocess.run([sys.executable, "-c", _QUANTIZE, str(full / "model.onnx"), str(stage / "model.onnx"),
                            json.dumps(cfg)], capture_output=True, text=True, cwd=full, env=env)
     if proc.returncode != 0 or not (stage / "model.onnx").exists():

@@ -27,10 +27,18 @@ from pathlib import Path
 
 from edge.errors import EngineError, ErrorCode
 
-__all__ = ["OrtLib", "OrtError", "load_library", "API_VERSION", "MIN_LIBRARY_VERSION"]
+__all__ = ["OrtLib", "OrtError", "load_library", "API_VERSION", "MIN_LIBRARY_VERSION", "TELEMETRY_ENV"]
 
 API_VERSION = 12  # newest function we call: SessionOptionsAppendExecutionProvider (v12)
 MIN_LIBRARY_VERSION = (1, 12)  # ORT 1.x ships API version x
+
+# ONNX Runtime 1.29 and later start Microsoft's 1DS telemetry on Linux by default, in CreateEnv:
+# a persistent device id and an SQLite event cache under $HOME/.cache/Microsoft/DeveloperTools
+# (four fsyncs at each boot, measured with strace here), and an uploader that resolves
+# mobile.events.data.microsoft.com while the runtime serves. An offline appliance does neither:
+# the library reads this variable once, at its initialisation, so it is set before the library
+# loads. An operator's own ORT_DISABLE_TELEMETRY (0 included) is left as it is.
+TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
 
 # The OrtApi table, in order, API versions 1..12 (onnxruntime_c_api.cc, ort_api_1_to_N).
 _TABLE = """
@@ -212,6 +220,7 @@ class OrtLib:
     """The loaded library with typed entry points: ``lib.call("CreateEnv", ...)``."""
 
     def __init__(self, path: Path) -> None:
+        os.environ.setdefault(TELEMETRY_ENV, "1")  # before the library initialises (TELEMETRY_ENV)
         try:
             self.dll = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LOCAL", 0))
             get_base = self.dll.OrtGetApiBase

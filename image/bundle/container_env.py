@@ -25,7 +25,7 @@ def jemalloc_of(python: str) -> str | None:
 
 def _common(threads: int | None, device: str) -> dict[str, str]:
     env = {
-        "HOME": "/tmp",  # tmpfs: ONNX Runtime creates and locks $HOME/.cache/.../onnxruntime.db
+        "HOME": "/tmp",  # tmpfs: whatever a library writes under $HOME goes there, the root stays read-only
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",  # read-only root; the .pyc files are in the bundle
         "PYTHONUNBUFFERED": "1",  # one JSON log line per event, straight to the journal

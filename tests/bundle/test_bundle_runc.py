@@ -128,14 +128,17 @@ def test_root_is_read_only_and_no_capabilities_inside(container, ort_bundle):
         "print(json.dumps({'writes': res, 'caps': caps, 'uid': os.getuid(), 'nnp': status['NoNewPrivs'].strip(),\n"
         "                  'seccomp': status['Seccomp'].strip(), 'rdonly': bool(os.statvfs('/').f_flag & os.ST_RDONLY),\n"
         "                  'tmp_writable': os.access('/tmp', os.W_OK),\n"
-        "                  'ort_db': os.path.exists('/tmp/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db')}))\n"
+        "                  'ort_telemetry': sorted(os.listdir('/tmp/.cache')) if os.path.isdir('/tmp/.cache') else [],\n"
+        "                  'tmp_files': sorted(os.listdir('/tmp'))}))\n"
     )
     r = _exec_json(container, python, check)
     assert set(r["writes"].values()) == {"EROFS"}, r["writes"]
     assert r["caps"] == {"CapEff": 0, "CapPrm": 0, "CapBnd": 0, "CapInh": 0, "CapAmb": 0}
     assert r["uid"] == UID and r["nnp"] == "1" and r["seccomp"] == "2" and r["rdonly"]
-    # ONNX Runtime's SQLite database went to the tmpfs HOME, not the read-only root.
-    assert r["tmp_writable"] and r["ort_db"], r
+    # ONNX Runtime's telemetry is off (edge/engines/ort_capi.py): no device id, no event cache
+    # (its SQLite database, /tmp/.cache/Microsoft), no session file (/tmp/.ses) in the serving
+    # container's tmpfs HOME, which stays writable.
+    assert r["tmp_writable"] and r["ort_telemetry"] == [] and ".ses" not in r["tmp_files"], r
 
 
 def test_seccomp_refuses_what_is_not_listed(container, ort_bundle):

@@ -35,7 +35,8 @@ MAX_READ_BYTES = 64 << 20  # a record or state file larger than this is not one 
 # The probe of the installed engines, in a subprocess: an import that hangs (a driver waiting on
 # a device) or crashes (a bad wheel) costs the check, never doctor.
 ENGINE_PROBE = r"""
-import json, sys
+import json, os, sys
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")  # edge/engines/ort_capi.py, TELEMETRY_ENV
 name, out = sys.argv[1], {}
 try:
     if name == "onnxruntime":
