@@ -277,14 +277,30 @@ class EngineLoop:
 
     def _warm_next(self) -> None:
         """One shape of the deferred warm-up: the primary's (without injected faults, as boot's
-        warm-up ran), then the fallback's, the warm-up's own sample in every row, in the bucket's
-        buffers, the primary's with the probe's deadline. A request that comes meanwhile waits for
-        this one run at most (the smallest shapes come first). A failure ends that engine's
-        deferred warm-up (logged; the breaker judges the engine on real batches)."""
-        if not self.warm_later:
-            return self._warm_fallback_next()
-        rows, tokens = self.warm_later.pop(0)
-        ids_buf, mask_buf = self.buffers[tokens]
+        warm-up ran, with the probe's deadline), then the fallback's. A request that comes
+        meanwhile waits for this one run at most (the smallest shapes come first). The primary's
+        runs join the breaker's yardstick."""
+        if self.warm_later:
+            warmed = self._warm_shape("primary", self.warm_later, self.buffers, self.warmed_later,
+                                      lambda ids, mask, t0: self._on_primary(ids, mask, t0 + PROBE_DEADLINE_S,
+                                                                             unfaulted=True))
+            if warmed is not None:
+                rows, tokens, ms = warmed
+                self.call_cost.observe(rows * tokens, ms)
+                if self.cost is not None:
+                    self.cost.add(rows, tokens, ms)
+            return
+        fallback = self._fallback()  # on this thread, which owns the fallback
+        self._warm_shape("fallback", fallback.warm_later, fallback.buffers, self.fallback_warmed_later,
+                         lambda ids, mask, t0: fallback.engine.run(ids, mask))
+
+    def _warm_shape(self, engine: str, queue: list, buffers: dict, warmed: dict, run) -> tuple[int, int, float] | None:
+        """Run ``queue``'s first shape once, the warm-up's own sample in every row, in the bucket's
+        ``buffers``; record its ms in ``warmed`` and return (rows, tokens, ms). A failure empties
+        ``queue`` (that engine's deferred warm-up ends, logged; the breaker judges the engine on
+        real batches) and returns None."""
+        rows, tokens = queue.pop(0)
+        ids_buf, mask_buf = buffers[tokens]
         ids, mask = ids_buf[:rows], mask_buf[:rows]
         row = self._sample[:tokens]
         ids.fill(self.pad_id)
@@ -293,53 +309,22 @@ class EngineLoop:
         mask[:, :len(row)] = 1
         t0 = self._clock()
         try:
-            out = np.asarray(self._on_primary(ids, mask, t0 + PROBE_DEADLINE_S, unfaulted=True))
+            out = np.asarray(run(ids, mask, t0))
             ms = (self._clock() - t0) * 1000.0
             if out.ndim != 2 or out.shape[0] != rows or not np.isfinite(out).all():
                 raise ValueError(f"output of shape {out.shape}, or not finite")
         except Exception as exc:
-            log("warmup.deferred_failed", level="error", engine="primary", shape=f"{rows}x{tokens}",
-                error=f"{type(exc).__name__}: {exc}"[:300],
-                left=[f"{r}x{t}" for r, t in self.warm_later])
-            self.warm_later = []
-            return
+            log("warmup.deferred_failed", level="error", engine=engine, shape=f"{rows}x{tokens}",
+                error=f"{type(exc).__name__}: {exc}"[:300], left=[f"{r}x{t}" for r, t in queue])
+            queue.clear()
+            return None
         finally:
             ids.fill(self.pad_id)  # stale rows must never look like real tokens
             mask.fill(0)
-        self.call_cost.observe(rows * tokens, ms)
-        if self.cost is not None:
-            self.cost.add(rows, tokens, ms)
-        self.warmed_later[f"{rows}x{tokens}"] = round(ms, 3)
-        if not self.warm_later:
-            log("warmup.deferred_done", engine="primary", shapes=self.warmed_later)
-
-    def _warm_fallback_next(self) -> None:
-        """One shape of the fallback's deferred warm-up, on this thread (it owns the fallback)."""
-        fallback = self._fallback()
-        rows, tokens = fallback.warm_later.pop(0)
-        ids_buf, mask_buf = fallback.buffers[tokens]
-        ids, mask = ids_buf[:rows], mask_buf[:rows]
-        row = self._sample[:tokens]
-        ids.fill(self.pad_id)
-        mask.fill(0)
-        ids[:, :len(row)] = row
-        mask[:, :len(row)] = 1
-        t0 = self._clock()
-        try:
-            out = np.asarray(fallback.engine.run(ids, mask))
-            if out.ndim != 2 or out.shape[0] != rows or not np.isfinite(out).all():
-                raise ValueError(f"output of shape {out.shape}, or not finite")
-        except Exception as exc:
-            log("warmup.deferred_failed", level="error", engine="fallback", shape=f"{rows}x{tokens}",
-                error=f"{type(exc).__name__}: {exc}"[:300], left=[f"{r}x{t}" for r, t in fallback.warm_later])
-            fallback.warm_later.clear()
-            return
-        finally:
-            ids.fill(self.pad_id)
-            mask.fill(0)
-        self.fallback_warmed_later[f"{rows}x{tokens}"] = round((self._clock() - t0) * 1000.0, 3)
-        if not fallback.warm_later:
-            log("warmup.deferred_done", engine="fallback", shapes=self.fallback_warmed_later)
+        warmed[f"{rows}x{tokens}"] = round(ms, 3)
+        if not queue:
+            log("warmup.deferred_done", engine=engine, shapes=warmed)
+        return rows, tokens, ms
 
     def _probe(self) -> None:
         """One half-open probe of the breaker's: the server's own input on the primary, with the
