@@ -44,6 +44,7 @@ def test_the_runtime_writes_no_telemetry_and_connects_nowhere(tmp_path, minilm_p
     try:
         shipped.wait_ready()
         control.wait_ready()
+        assert shipped.pid != shipped.proc.pid  # its MAINPID came: the finally below can stop it
         for rt in (shipped, control):
             with EdgeClient(rt.address, timeout_s=30) as c:
                 assert len(c.embed(["an offline appliance"]).embeddings) == 1
@@ -52,7 +53,11 @@ def test_the_runtime_writes_no_telemetry_and_connects_nowhere(tmp_path, minilm_p
         assert _telemetry_files(tmp_path / "shipped") == []
         assert _inet_connects(trace) == [], _inet_connects(trace)
     finally:
-        if shipped.pid != shipped.proc.pid:  # the runtime's MAINPID, under strace: it stops, then strace exits
-            os.kill(shipped.pid, signal.SIGTERM)
-        shipped.stop()
-        control.stop()
+        try:
+            # strace, told to stop, would detach and leave the runtime serving: the runtime's own
+            # pid (its MAINPID) stops first, then strace exits with it.
+            if shipped.pid != shipped.proc.pid:
+                os.kill(shipped.pid, signal.SIGTERM)
+            shipped.stop()
+        finally:
+            control.stop()
