@@ -267,3 +267,24 @@ def test_the_warm_up_stage_records_what_it_left_for_after_ready(monkeypatch):
     stage = _stages(timeline)["warm_buckets"]
     assert stage["shapes"] == 1 and stage["deferred"] == ["1x32"] and engine.runs == 1
     assert list(chain.warm["fastest_ms"]) == ["1x16"] and chain.warm_later == [(1, 32)]
+
+
+@pytest.mark.parametrize("primary, fallback, snapshot_point, deferred", [
+    ("cpu", "cpu", False, True),
+    ("cpu", "cpu", True, True),  # loaded after each restore, never in the snapshot: deferred there too
+    ("cuda", "cpu", True, True),  # a CPU fallback beside a CUDA primary (the primary's shapes)
+    ("cpu", "cuda:0", False, False),  # a CUDA fallback warms every shape before READY
+])
+def test_the_fallbacks_warm_plan_is_its_own_devices_and_never_the_snapshots(primary, fallback, snapshot_point, deferred):
+    from edge.runtime.fallback import _warm_plan
+
+    settings = ServingSettings.model_validate({"warm": {"cuda": {"batch_sizes": [1]}}})
+    shapes = BatchShapes(settings, max_seq_length=256, kind=primary)
+    args = types.SimpleNamespace(warm_up="auto", snapshot_point=snapshot_point)
+    now, later = _warm_plan(args, shapes, types.SimpleNamespace(device=fallback))
+    if deferred:
+        assert now == [(1, 16)] and later == [(1, 32), (1, 64), (1, 128), (1, 256)]
+    else:
+        assert now == SHAPES and later == []
+    assert _warm_plan(types.SimpleNamespace(warm_up="full", snapshot_point=False), shapes,
+                      types.SimpleNamespace(device=fallback)) == (SHAPES, [])

@@ -54,9 +54,12 @@ def engine_options(args, device: str) -> dict:
     return {"prepacking": choice == "on" or (choice == "auto" and bool(args.snapshot_point))}
 
 
-def warm_plan(args, shapes: BatchShapes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def warm_plan(args, shapes: BatchShapes, *, kind: str | None = None,
+              in_snapshot: bool | None = None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(shapes warmed before READY, shapes the engine loop warms once READY, when idle), by
-    ``edge serve --warm-up``.
+    ``edge serve --warm-up``. ``kind``: the device kind of the engine warmed (default: the
+    shapes'); ``in_snapshot``: whether this warm-up runs before the checkpoint (default: the boot
+    stops at the snapshot point; the fallback's never does, edge/runtime/fallback.py).
 
     On a CPU a shape's first run costs what its later runs do: ONNX Runtime and TorchScript
     compile nothing per shape (measured here, MiniLM: 1x256 first 44-57 ms, then 39-53; 8x128
@@ -70,7 +73,8 @@ def warm_plan(args, shapes: BatchShapes) -> tuple[list[tuple[int, int]], list[tu
     every shape runs before READY there, whatever the flag says."""
     plan = shapes.warm_shapes()  # largest first
     choice = getattr(args, "warm_up", "full")
-    defer = shapes.kind == "cpu" and (choice == "deferred" or (choice == "auto" and not args.snapshot_point))
+    in_snapshot = bool(args.snapshot_point) if in_snapshot is None else in_snapshot
+    defer = (kind or shapes.kind) == "cpu" and (choice == "deferred" or (choice == "auto" and not in_snapshot))
     if not defer or len(plan) < 2:
         return plan, []
     return plan[-1:], plan[-2::-1]  # the smallest now; the rest smallest first, so a request waits the least

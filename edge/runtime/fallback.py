@@ -63,11 +63,10 @@ def boot_fallback(stages, args, pkg, shapes) -> Fallback | None:
 
 
 def _warm_plan(args, shapes, engine) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The primary's rule (``--warm-up``), for the fallback's own device: a CUDA fallback beside a CPU
-    primary warms every shape before READY."""
+    """The primary's rule (``--warm-up``) for the fallback's own device (a CUDA fallback warms
+    every shape before READY, a CPU one defers beside a CUDA primary too), and never as part of
+    a snapshot: the fallback loads after each restore, so ``auto`` defers there as well."""
     from edge.engines.device import device_kind
     from edge.runtime.engine_chain import warm_plan
 
-    if device_kind(engine.device) != "cpu":
-        return shapes.warm_shapes(), []
-    return warm_plan(args, shapes)
+    return warm_plan(args, shapes, kind=device_kind(engine.device), in_snapshot=False)
