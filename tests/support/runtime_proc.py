@@ -19,7 +19,8 @@ def runtime_address(workdir: Path) -> str:
 
 
 class Runtime(NotifiedProcess):
-    """The runtime bound at ``address`` (an ipc socket in ``workdir``), output in ``workdir/runtime.log``."""
+    """The runtime bound at ``address`` (an ipc socket in ``workdir``), output in ``workdir/runtime.log``.
+    ``env`` adds to the test's environment; a value of None removes that variable."""
 
     def __init__(self, workdir: Path, args: tuple[str, ...], env: dict | None = None,
                  wrap: list[str] | None = None) -> None:
@@ -27,8 +28,9 @@ class Runtime(NotifiedProcess):
         self.address = runtime_address(workdir)
         cmd = [*(wrap or []), sys.executable, "-m", "edge.boot", "--bind", self.address,
                "--timeline", str(workdir / "timeline.json"), *args]
+        full_env = {**os.environ, "HOME": str(workdir), **(env or {})}
         super().__init__(cmd, notify_path=workdir / "notify.sock", log_path=workdir / "runtime.log",
-                         env={**os.environ, "HOME": str(workdir), **(env or {})})
+                         env={k: v for k, v in full_env.items() if v is not None})
 
     def wait_ready(self, deadline_s: float = BOOT_DEADLINE_S) -> None:
         """READY=1 within ``deadline_s`` of the start, else an AssertionError with the output."""
