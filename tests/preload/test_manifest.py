@@ -11,35 +11,9 @@ import pytest
 
 from edge.errors import ErrorCode, PackageError
 from edge.preload.manifest import Manifest, ModelPackage, manifest_digest, model_digest, open_package
+from support.packages import clone, flip_byte, rewrite_manifest
 
 MODEL_FILES = ["model.ts", "weights.safetensors", "model.onnx", "model.ort", "tokenizer.fb"]
-
-
-def clone(src: Path, dst: Path, *, copy: tuple[str, ...] = ()) -> Path:
-    """A package directory whose files link to ``src`` except ``copy`` (real copies, safe to modify)."""
-    dst.mkdir()
-    for p in src.iterdir():
-        if p.name in copy or p.name == "manifest.json":
-            shutil.copyfile(p, dst / p.name)
-        else:
-            (dst / p.name).symlink_to(p.resolve())
-    return dst
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x01]))
-
-
-def rewrite_manifest(root: Path, edit, *, rehash: bool = True) -> None:
-    data = json.loads((root / "manifest.json").read_text())
-    edit(data)
-    if rehash:
-        data["package_sha256"] = manifest_digest(data)
-    (root / "manifest.json").write_text(json.dumps(data))
 
 
 def test_real_package_opens(minilm_package):

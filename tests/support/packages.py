@@ -1,15 +1,17 @@
-"""Small model packages for tests that read manifests and hashes only (a few bytes per file)."""
+"""Small model packages for tests that read manifests and hashes only (a few bytes per file), and
+copies of a real package to tamper with."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 from edge.preload import verity
 from edge.preload.manifest import manifest_digest, model_digest
 
-__all__ = ["SMALL_FILES", "write_small_package"]
+__all__ = ["SMALL_FILES", "write_small_package", "clone", "flip_byte", "rewrite_manifest"]
 
 SMALL_FILES = {"model.ort": b"ort bytes " * 1000, "tokenizer.fb": b"tokenizer bytes"}
 
@@ -37,3 +39,30 @@ def write_small_package(root: Path, files: dict[str, bytes] = SMALL_FILES, diges
     data["package_sha256"] = manifest_digest(data)
     (root / "manifest.json").write_text(json.dumps(data))
     return data
+
+
+def clone(src: Path, dst: Path, *, copy: tuple[str, ...] = ()) -> Path:
+    """A package directory whose files link to ``src`` except ``copy`` (real copies, safe to modify)."""
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.name in copy or p.name == "manifest.json":
+            shutil.copyfile(p, dst / p.name)
+        else:
+            (dst / p.name).symlink_to(p.resolve())
+    return dst
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def rewrite_manifest(root: Path, edit, *, rehash: bool = True) -> None:
+    data = json.loads((root / "manifest.json").read_text())
+    edit(data)
+    if rehash:
+        data["package_sha256"] = manifest_digest(data)
+    (root / "manifest.json").write_text(json.dumps(data))
