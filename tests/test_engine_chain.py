@@ -4,6 +4,7 @@ hash is the boot's error whatever the engine did."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import types
@@ -12,11 +13,15 @@ import pytest
 
 import edge.engines
 from edge.errors import BootError, EngineError, ErrorCode, PackageError
+from edge.preload import chunks
+from edge.preload.manifest import open_package
 from edge.preload.serving_settings import ServingSettings
+from edge.runtime import engine_chain
 from edge.runtime.engine_chain import EngineChain, engine_options, warm_plan
 from edge.runtime.stages import Handoff, Stages
 from edge.runtime.timeline import Timeline
 from edge.serving.shapes import BatchShapes
+from support.packages import flip_byte, rewrite_manifest, write_small_package
 
 HASH_WAIT_S = 10.0  # the fake hash waits at most this long for its go
 
@@ -51,6 +56,10 @@ class FakePackage:
     def engine_files(self, engine: str, device: str = "cpu") -> list[str]:
         return ["model.ort"]
 
+    def content_check(self, names):
+        """What the chain runs: ``verify_files`` on the thread that takes the job; no chunks to share."""
+        return types.SimpleNamespace(run=lambda: self.verify_files(names), help=lambda ended=None: None, threads=0)
+
     def verify_files(self, names) -> None:
         self.hashed_on.append(threading.current_thread().name)
         assert self.go.wait(HASH_WAIT_S)
@@ -59,7 +68,10 @@ class FakePackage:
             raise PackageError("model.ort: sha256 differs (tampered)", ErrorCode.PACKAGE_HASH_MISMATCH, file="model.ort")
 
 
-def _chain(monkeypatch, pkg: FakePackage, load, verify: str = "full", **flags):
+def _chain(monkeypatch, pkg: FakePackage, load, verify: str = "full", spare_cpus: int = 0, **flags):
+    """``spare_cpus``: the hashing threads started beside the chain (0 on the 2-core machine these
+    tests assume, whatever machine runs them)."""
+    monkeypatch.setattr(engine_chain, "spare_cpus", lambda: spare_cpus)
     library = types.SimpleNamespace(available_providers=lambda: ["CPUExecutionProvider"])
     monkeypatch.setattr(edge.engines, "import_engine", lambda name: library)
     monkeypatch.setattr(edge.engines, "load_engine", load)
@@ -120,6 +132,52 @@ def test_the_main_thread_takes_the_hash_once_its_own_stages_are_done(monkeypatch
     assert pkg.hashed_on == [threading.current_thread().name] and pkg.hashed == [["model.ort"]]
     assert chain.result()[0] is engine and engine.runs == 2
     assert pkg.hashed_on == [threading.current_thread().name]  # the engine's thread found it taken
+
+
+def test_with_spare_cpus_a_helper_hashes_from_the_start(monkeypatch):
+    pkg = FakePackage(bad=False)
+    engine = FakeEngine()
+
+    def load_engine(p, name, device, **options):
+        _until(lambda: pkg.hashed_on, "a helper took the hash while the engine loads")
+        return engine
+
+    chain, timeline = _chain(monkeypatch, pkg, load_engine, spare_cpus=2)
+    pkg.go.set()
+    assert chain.result()[0] is engine and engine.runs == 2
+    assert pkg.hashed_on == ["boot-verify-helper"] and pkg.hashed == [["model.ort"]]  # one took it, once
+    stages = _stages(timeline)
+    assert stages["verify_package"]["start_ms"] <= stages["load_engine"]["end_ms"]
+
+
+@pytest.mark.parametrize("cpus, spare", [(1, 0), (2, 0), (3, 1), (4, 2), (6, 3), (12, 3)])
+def test_spare_cpus_leave_two_to_the_boots_own_threads(monkeypatch, cpus, spare):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert engine_chain.spare_cpus() == spare
+
+
+def test_the_boots_threads_share_a_chunked_hash(monkeypatch, tmp_path):
+    """A real package with chunk digests: whichever threads hash, every chunk matches and the stage
+    says how many threads took part; a flipped byte is refused, naming its chunk."""
+    root = tmp_path / "pkg"
+    files = {"model.ort": bytes(range(256)) * (3 * chunks.CHUNK_SIZE // 256 + 17), "tokenizer.fb": b"tok"}
+    write_small_package(root, files, serving={"buckets": [16], "warm_sample_ids": [1, 2]})
+    rewrite_manifest(root, lambda d: d.update(sha256_chunks=chunks.manifest_section(root, list(files))))
+    assert len(open_package(root, verify="none").manifest.sha256_chunks["digests"]["model.ort"]) == 4
+    for bad in (False, True):
+        if bad:
+            flip_byte(root / "model.ort", 2 * chunks.CHUNK_SIZE + 5)
+        engine = FakeEngine()
+        chain, timeline = _chain(monkeypatch, open_package(root, verify="none"), lambda p, n, d, e=engine, **o: e)
+        chain.verify_here()  # the main thread: takes the hash, or helps the engine's thread with it
+        if bad:
+            with pytest.raises(BootError) as err:
+                chain.result()
+            assert err.value.code == ErrorCode.PACKAGE_HASH_MISMATCH and "chunk 2 " in str(err.value)
+        else:
+            assert chain.result()[0] is engine
+            entry = _stages(timeline)["verify_package"]
+            assert entry["verified_by"] == {"model.ort": "sha256"} and entry["threads"] in (1, 2)
 
 
 def test_a_failed_hash_is_the_error_even_after_the_engine_warmed(monkeypatch):

@@ -14,6 +14,11 @@ the device's kernel and file system have fs-verity and the installer enabled it 
 boot compares the kernel's measured digest with it instead of hashing the file
 (``edge/preload/verity.py``); elsewhere it hashes, as without the field.
 
+``sha256_chunks`` (optional; packages built before it have none): the sha256 of every 4 MiB of
+each file larger than that (``edge/preload/chunks.py``). Where a file has them, its content is
+checked chunk by chunk, and every boot thread with nothing else to do can take a share
+(:class:`ContentCheck`); elsewhere it is hashed whole.
+
 ``selftest`` (optional; packages built before it have none): a reference text, its embedding
 computed on the build host, and the thresholds ``edge selftest`` holds a running server to
 (:class:`SelftestReference`, docs/selftest.md).
@@ -28,6 +33,7 @@ import hashlib
 import json
 import mmap
 import os
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,7 +42,7 @@ from edge.preload.fallback import FallbackSpec
 from edge.preload.schema import FrozenRecord, Invalid, Record, dict_of, integer, list_of, one_of, sha256_hex, string
 from edge.preload.selftest_reference import SelftestReference
 from edge.preload.serving_settings import ServingSettings
-from edge.preload import verity
+from edge.preload import chunks, verity
 
 __all__ = [
     "FORMAT_VERSION",
@@ -50,6 +56,7 @@ __all__ = [
     "FallbackSpec",
     "Manifest",
     "ModelPackage",
+    "ContentCheck",
     "open_package",
     "sha256_file",
     "manifest_digest",
@@ -160,6 +167,29 @@ def _fsverity_digests(v: object, files: dict) -> dict[str, str]:
     return out
 
 
+def _chunk_digests(v: object, files: dict) -> dict:
+    """``sha256_chunks``: {"algorithm": "sha256", "chunk_size": N, "digests": {file: [hex, ...]}},
+    each list as long as the file's size says (:func:`chunks.chunk_count`); {} when absent."""
+    if v is None:
+        return {}
+    d = dict_of(v, "sha256_chunks", keys={"algorithm", "chunk_size", "digests"})
+    one_of(d["algorithm"], (chunks.ALGORITHM,), "sha256_chunks.algorithm")
+    size = integer(d["chunk_size"], "sha256_chunks.chunk_size", ge=4096)
+    if size > 1 << 30:
+        raise Invalid("sha256_chunks.chunk_size", f"{size} bytes; at most 1 GiB")
+    out = {}
+    for name, digests in dict_of(d["digests"], "sha256_chunks.digests").items():
+        where = f"sha256_chunks.digests.{name[:NAME_MAX]}"
+        if name not in files:
+            raise Invalid(where, "not a file the manifest lists")
+        want = chunks.chunk_count(files[name].size, size)
+        got = [sha256_hex(x, f"{where}.{i}") for i, x in enumerate(list_of(digests, where))]
+        if len(got) != want:
+            raise Invalid(where, f"{len(got)} digests; a file of {files[name].size} bytes has {want} chunks of {size}")
+        out[name] = got
+    return {"chunk_size": size, "digests": out} if out else {}
+
+
 def _check_across(m: "Manifest") -> "Manifest":
     """The checks that span fields: the warm-up ids against the vocabulary and the length, the
     self-test's embedding against the output width and its fresh budgets against the engines."""
@@ -204,6 +234,7 @@ class Manifest(Record):
         "selftest",  # SelftestReference | None: None in packages built before it
         "fallback",  # FallbackSpec | None: none named, or a kind this runtime does not know
         "fsverity",  # dict[str, str]: file -> its fs-verity digest (hex; sha256, 4096-byte blocks); {} when none
+        "sha256_chunks",  # {"chunk_size": int, "digests": {file: [hex, ...]}}; {} when none
         "extra",  # dict: fields newer writers add; format_version guards breaks
     )
     # The fields' types for mypy: annotations only, so no class attribute clashes with __slots__.
@@ -228,9 +259,10 @@ class Manifest(Record):
     selftest: SelftestReference | None
     fallback: FallbackSpec | None
     fsverity: dict[str, str]
+    sha256_chunks: dict
     extra: dict
     _defaults = {"nondeterministic": dict, "selftest": lambda: None, "fallback": lambda: None, "fsverity": dict,
-                 "extra": dict}
+                 "sha256_chunks": dict, "extra": dict}
 
     @classmethod
     def model_validate(cls, data: object) -> "Manifest":
@@ -253,6 +285,7 @@ class Manifest(Record):
         tok = take("tokenizer_sha256", None)
         selftest, fallback = take("selftest", None), take("fallback", None)
         fsverity = _fsverity_digests(take("fsverity", None), files)
+        sha256_chunks = _chunk_digests(take("sha256_chunks", None), files)
         return _check_across(cls(
             format_version=integer(need("format_version"), "format_version"),
             name=string(need("name"), "name"),
@@ -275,6 +308,7 @@ class Manifest(Record):
             selftest=None if selftest is None else SelftestReference.model_validate(selftest),
             fallback=FallbackSpec.model_validate(fallback),
             fsverity=fsverity,
+            sha256_chunks=sha256_chunks,
             extra=d,
         ))
 
@@ -359,40 +393,112 @@ class ModelPackage:
                      engine: str | None = None) -> dict[str, str]:
         """Check existence and size of ``names`` (default: the files ``engine`` needs, every file
         when None: :meth:`Manifest.files_of`), and their content when ``full``; returns how each
-        file's content was checked: {name: "fsverity" | "sha256" | "size"}.
+        file's content was checked: {name: "fsverity" | "sha256" | "size"}. On this thread alone:
+        :meth:`content_check` for a check other threads can help with."""
+        return self.content_check(self.manifest.files_of(engine) if names is None else names, full=full).run()
 
-        The content: the kernel's fs-verity digest of the file, when it has one equal to the
-        manifest's (microseconds: ``edge/preload/verity.py``), else the file's sha256. A file
-        whose fs-verity digest differs is hashed too: only the sha256 refuses a file.
-        """
-        checked = {}
-        for name in self.manifest.files_of(engine) if names is None else names:
-            entry = self.manifest.files.get(name)
+    def content_check(self, names: Iterable[str], *, full: bool = True) -> "ContentCheck":
+        """The check of ``names``, to :meth:`ContentCheck.run` on one thread while others
+        :meth:`ContentCheck.help`."""
+        return ContentCheck(self, list(names), full=full)
+
+
+class ContentCheck:
+    """The files ``names`` of a package against its manifest: existence and size, then content.
+
+    The content: the kernel's fs-verity digest of the file, when it has one equal to the
+    manifest's (microseconds: ``edge/preload/verity.py``); else, where the manifest has the
+    file's ``sha256_chunks``, every chunk's sha256, shared out among the thread in :meth:`run`
+    and every thread in :meth:`help` (``edge/preload/chunks.py``); else the file's sha256. A
+    file whose fs-verity digest differs is hashed too: only a sha256 refuses a file.
+    """
+
+    def __init__(self, pkg: ModelPackage, names: list[str], *, full: bool = True) -> None:
+        self.pkg, self.names, self.full = pkg, names, full
+        self._chunked: chunks.ChunkedHash | None = None
+        self._published = threading.Event()  # run() has made its chunks available, or ended
+
+    @property
+    def threads(self) -> int:
+        """How many threads hashed chunks (0: none were chunked)."""
+        return len(self._chunked.threads) if self._chunked is not None else 0
+
+    def run(self) -> dict[str, str]:
+        """The whole check, raising PackageError for the first file that fails; how each file's
+        content was checked: {name: "fsverity" | "sha256" | "size"}."""
+        try:
+            checked, whole, split = self._plan()
+            if split:
+                table = self.pkg.manifest.sha256_chunks
+                self._chunked = chunks.ChunkedHash([(n, self.pkg.root / n, table["digests"][n]) for n in split],
+                                                   table["chunk_size"])
+        finally:
+            self._published.set()
+        bad = None
+        try:
+            for name in whole:
+                _check_sha256(self.pkg.root / name, name, self.pkg.manifest.files[name].sha256)
+        except BaseException:
+            if self._chunked is not None:
+                self._chunked.stop()  # refused already: hash no more, but let the helpers' chunks end
+            raise
+        finally:
+            if self._chunked is not None:  # never leave a mapping to a helper that is still hashing it
+                bad = self._chunked.wait()
+        if bad is not None:
+            name, k = bad
+            at = k * self.pkg.manifest.sha256_chunks["chunk_size"]
+            raise PackageError(f"{name}: the sha256 of chunk {k} (from byte {at}) differs from the manifest's "
+                               f"(tampered or corrupted)", ErrorCode.PACKAGE_HASH_MISMATCH, file=name)
+        return checked
+
+    def help(self, ended: threading.Event | None = None) -> None:
+        """Hash chunks of this check's files here, once :meth:`run` (on another thread) has them
+        ready, until none is left to take; returns at once when none are chunked, and without
+        waiting further once ``ended`` is set (the run that would share them never came)."""
+        while not self._published.wait(0.01):  # the run checks sizes first: microseconds
+            if ended is not None and ended.is_set():
+                return
+        if self._chunked is not None:
+            self._chunked.help()
+
+    def _plan(self) -> tuple[dict[str, str], list[str], list[str]]:
+        """Existence, size and fs-verity of each file: (how each is checked, the names to hash
+        whole, the names to hash by chunks)."""
+        m, root = self.pkg.manifest, self.pkg.root
+        checked: dict[str, str] = {}
+        whole: list[str] = []
+        split: list[str] = []
+        for name in self.names:
+            entry = m.files.get(name)
             if entry is None:
                 raise PackageError(f"{name}: not listed in the manifest", ErrorCode.PACKAGE_FILE_MISSING, file=name)
-            p = self.root / name
+            p = root / name
             try:
                 size = p.stat().st_size
             except FileNotFoundError:
-                raise PackageError(f"{name}: missing from package {self.root}", ErrorCode.PACKAGE_FILE_MISSING,
+                raise PackageError(f"{name}: missing from package {root}", ErrorCode.PACKAGE_FILE_MISSING,
                                    file=name) from None
             if size != entry.size:
                 raise PackageError(f"{name}: size {size} bytes, manifest says {entry.size} (truncated or replaced)",
                                    ErrorCode.PACKAGE_SIZE_MISMATCH, file=name)
-            if not full:
+            if not self.full:
                 checked[name] = "size"
                 continue
-            want = self.manifest.fsverity.get(name)
+            want = m.fsverity.get(name)
             if want is not None and _measured(p) == want:
                 checked[name] = "fsverity"
                 continue
-            digest = sha256_file(p)
-            if digest != entry.sha256:
-                raise PackageError(f"{name}: sha256 {digest[:16]}... differs from the manifest's "
-                                   f"{entry.sha256[:16]}... (tampered or corrupted)",
-                                   ErrorCode.PACKAGE_HASH_MISMATCH, file=name)
             checked[name] = "sha256"
-        return checked
+            (split if name in m.sha256_chunks.get("digests", {}) else whole).append(name)
+        return checked, whole, split
+
+
+def _check_sha256(path: Path, name: str, want: str) -> None:
+    digest = sha256_file(path)
+    if digest != want:
+        raise PackageError(f"{name}: sha256 {digest[:16]}... differs from the manifest's "
+                           f"{want[:16]}... (tampered or corrupted)", ErrorCode.PACKAGE_HASH_MISMATCH, file=name)
 
 
 def _measured(path: Path) -> str | None:

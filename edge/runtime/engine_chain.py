@@ -6,7 +6,8 @@ preallocate). A boot that stops at the snapshot point on CUDA runs only the firs
 the checkpoint, since no CUDA call may come before it (``edge/runtime/snapshot.py``), and the
 device stages after the restore, on the main thread (:meth:`EngineChain.finish`).
 
-The hashes of the engine's files are checked on a thread of their own, beside the whole chain:
+The hashes of the engine's files are checked by the boot's threads as they come free (by chunks,
+shared among them, where the manifest has the files' chunk digests), beside the whole chain:
 the engine loads and warms while its files are still being hashed, and :meth:`EngineChain.result`,
 which the boot passes before it binds, waits for both and refuses the boot when a hash failed.
 No reply can come from weights whose hash has not matched: nothing binds before it has.
@@ -30,15 +31,25 @@ __all__ = ["EngineChain", "VERIFY_SETTING", "engine_options", "warm_plan", "veri
 VERIFY_SETTING = "--package DIR (rebuild or re-copy it) or --verify size"
 
 
-def verify_package(pkg, names: list[str]) -> dict[str, str]:
-    """The content of ``names`` against the manifest: {name: "fsverity" | "sha256"}, how each was
-    checked (the kernel's fs-verity digest where the file has the manifest's, else its sha256)."""
-    return pkg.verify_files(names)
+def verify_package(check) -> dict[str, str]:
+    """The content of the engine's files against the manifest (a :class:`ContentCheck`): {name:
+    "fsverity" | "sha256"}, how each was checked (the kernel's fs-verity digest where the file has
+    the manifest's, else its sha256, by chunks where the manifest has them)."""
+    return check.run()
 
 
-def verify_gpu_files(pkg, names: list[str]) -> dict[str, str]:
+def verify_gpu_files(check) -> dict[str, str]:
     """:func:`verify_package` for the files only the GPU path reads (ORT's model.onnx), once CUDA is chosen."""
-    return pkg.verify_files(names)
+    return check.run()
+
+
+def spare_cpus() -> int:
+    """Threads that can hash from the start of the boot beside the main thread and the engine's:
+    the CPUs this process may run on less those two, at most 3. None on a 2-core device, where a
+    third thread only took the warm-up's CPU (measured: see EngineChain)."""
+    import os
+
+    return max(0, min(3, len(os.sched_getaffinity(0)) - 2))
 
 
 def engine_options(args, device: str) -> dict:
@@ -80,9 +91,10 @@ def warm_plan(args, shapes: BatchShapes, *, kind: str | None = None,
     return plan[-1:], plan[-2::-1]  # the smallest now; the rest smallest first, so a request waits the least
 
 
-def verified_by(checked: dict[str, str]) -> dict:
-    """A verify stage's note in the timeline: how each file was checked."""
-    return {"verified_by": checked}
+def verified_by(checked: dict[str, str], threads: int = 0) -> dict:
+    """A verify stage's note in the timeline: how each file was checked, and (``threads``) how
+    many threads shared the chunks, where the files were hashed by chunks."""
+    return {"verified_by": checked, **({"threads": threads} if threads else {})}
 
 
 class EngineChain:
@@ -103,13 +115,17 @@ class EngineChain:
     only after :meth:`result`. The chain stops between its stages once a hash has failed.
 
     Who hashes: the first boot thread with nothing else to do (:meth:`verify_here`), usually the
-    main thread once its imports are done, else the engine's after its warm-up, or while it
-    waits for ``import torch``. Not a thread of its own from the start: ONNX Runtime's warm-up
-    runs a thread per core, so a hash beside it takes its CPU. Measured here (2 cores, medians of
-    30 runs): with the hash on its own thread warm_buckets took 342 ms instead of 233 and READY
-    came 21 ms later than with the old order (hash, then load); hashed by the first free thread,
-    READY came 31 ms sooner than with the old order (paired runs). The GPU-only files are hashed
-    on a thread of their own at once: a GPU's load and warm-up leave the CPU idle.
+    engine's after its warm-up (or while it waits for ``import torch``), else the main thread once
+    its imports are done; and where the manifest has the files' ``sha256_chunks``, every other
+    thread that comes free takes chunks too (``edge/preload/chunks.py``), so the two threads of a
+    2-core device finish the hash together. With more than two CPUs, :func:`spare_cpus` threads
+    hash chunks from the moment the package is open. Not a third thread from the start on two
+    cores: ONNX Runtime's warm-up runs a thread per core, so a hash beside it takes its CPU.
+    Measured here (2 cores, medians of 30 runs): with the hash on its own thread warm_buckets took
+    342 ms instead of 233 and READY came 21 ms later than with the old order (hash, then load);
+    hashed by the first free thread, READY came 31 ms sooner than with the old order (paired
+    runs). The GPU-only files are hashed on a thread of their own at once: a GPU's load and
+    warm-up leave the CPU idle.
     ONNX Runtime verifies an ORT file's flatbuffer before it reads it: of 40 copies of
     ``model.ort`` with 8 random bytes changed (in its head, its tail or anywhere), each was
     refused by ``load_engine`` or ran, none crashed the process. Where the manifest gives
@@ -161,9 +177,10 @@ class EngineChain:
         cpu_files = pkg.engine_files(self._args.engine, device_kind(self._args.device))
         self._verified.update(cpu_files)  # before the engine's thread can add the GPU's
         self.package.put(pkg)
-        run = self._stages.run
-        self._verify(cpu_files, lambda names: run(verify_package, pkg, names, setting=VERIFY_SETTING, note=verified_by,
-                                                  overlapped=True), force=True)
+        job = self._verify(cpu_files, lambda run, check: run(verify_package, check, **_verify_stage(check)), force=True)
+        if job is not None:
+            for _ in range(spare_cpus()):
+                Task("verify-helper", job.take_or_help)  # started at once
 
     def cancel(self) -> None:
         """After a main-thread failure: the handoffs the engine's thread may wait on will not come,
@@ -180,22 +197,27 @@ class EngineChain:
         """The device stages are still to run (:meth:`finish`)."""
         return self.device is not None and self.engine is None
 
-    def _verify(self, names, stage, force: bool = False, beside: bool = False) -> None:
-        """``stage(names)`` (a verify stage) as a job for the ``names`` not yet handed to one, or
-        (``force``) all of them: taken by the first boot thread with nothing else to do
-        (:meth:`verify_here`), or (``beside``) run at once on a thread of its own."""
+    def _verify(self, names, stage, force: bool = False, beside: bool = False) -> Job | None:
+        """The check of the ``names`` not yet handed to one, or (``force``) all of them, as a job
+        that runs ``stage(the boot's stage runner, the check)``: taken by the first boot thread with
+        nothing else to do, and helped by the others (:meth:`verify_here`), or (``beside``) run at
+        once on a thread of its own."""
         names = sorted(set(names) if force else set(names) - self._verified)
         self._verified.update(names)
-        if names and self._args.verify == "full" and not self._cancelled:
-            job = Job("verify", lambda: stage(names))
-            self._verifies.append(job)
-            if beside:
-                job.start()
+        if not (names and self._args.verify == "full" and not self._cancelled):
+            return None
+        check = self._pkg.content_check(names)
+        job = Job("verify", lambda: stage(self._stages.run, check), helper=check.help)
+        self._verifies.append(job)
+        if beside:
+            job.start()
+        return job
 
     def verify_here(self) -> None:
-        """Hash here what no thread has taken yet (the main thread, its own stages done)."""
+        """Hash here what no thread has taken yet, or help the thread that has (a thread with its
+        own stages done)."""
         for job in list(self._verifies):
-            job.take()
+            job.take_or_help()
 
     def _unless_refused(self) -> None:
         """Between the engine's stages: stop once a hash has failed (:meth:`result` reports it) or
@@ -207,7 +229,7 @@ class EngineChain:
         """Wait for every hash, taking on this thread any no other thread has; raise the first
         failure (a BootError of its stage, naming the file)."""
         for job in list(self._verifies):
-            job.take()
+            job.take_or_help()
             job.result()
 
     def _chain(self) -> None:
@@ -249,12 +271,10 @@ class EngineChain:
         from edge.engines.device import cuda_available, device_kind, resolve_device
 
         device = resolve_device(requested, cuda_available(self._args.engine, self._backend))
-        pkg = self._pkg
         # Beside, at once: a GPU's load and warm-up leave the CPU mostly idle, and the main thread
         # may be waiting already, past its own verify_here().
-        self._verify(pkg.engine_files(self._args.engine, device_kind(device)),
-                     lambda names: run(verify_gpu_files, pkg, names, setting=VERIFY_SETTING, note=verified_by,
-                                       overlapped=True), beside=True)
+        self._verify(self._pkg.engine_files(self._args.engine, device_kind(device)),
+                     lambda _, check: run(verify_gpu_files, check, **_verify_stage(check)), beside=True)
         return device
 
     def _device_stages(self, stages: Stages, device: str, overlapped: bool = True) -> None:
@@ -330,6 +350,12 @@ class EngineChain:
                 pass
         if self.engine is not None and not self._task.is_alive():
             self.engine.close()
+
+
+def _verify_stage(check) -> dict:
+    """A verify stage's options: what to change if it fails, and its note (how each file was
+    checked, and by how many threads)."""
+    return {"setting": VERIFY_SETTING, "overlapped": True, "note": lambda checked: verified_by(checked, check.threads)}
 
 
 class _HashFailed(Exception):

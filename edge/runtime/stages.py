@@ -83,11 +83,14 @@ class Task(threading.Thread):
 
 class Job:
     """``fn()``, run once by the first thread that takes it (:meth:`take`), or on a thread of its
-    own (:meth:`start`); :meth:`result` waits for it and re-raises its error."""
+    own (:meth:`start`); :meth:`result` waits for it and re-raises its error. ``helper(done)``: what
+    another thread can do for a job already taken (:meth:`take_or_help`), e.g. hash some of its
+    chunks; it returns once there is nothing left to share, or once ``done`` (an Event) is set."""
 
-    def __init__(self, name: str, fn) -> None:
+    def __init__(self, name: str, fn, helper=None) -> None:
         self.name = name
         self._fn = fn
+        self._helper = helper
         self._lock = threading.Lock()
         self._taken = False
         self._done = threading.Event()
@@ -106,6 +109,11 @@ class Job:
         finally:
             self._done.set()
         return True
+
+    def take_or_help(self) -> None:
+        """Run it here, or, when another thread has, help it (``helper``) while it runs."""
+        if not self.take() and self._helper is not None and not self._done.is_set():
+            self._helper(self._done)
 
     def drop(self) -> None:
         """Never run it (a boot that failed elsewhere); a run already under way goes on."""
