@@ -36,12 +36,14 @@ def chunk_count(size: int, chunk_size: int) -> int:
 
 def chunk_digests(path: str | os.PathLike, chunk_size: int = CHUNK_SIZE) -> list[str]:
     """The hex sha256 of each ``chunk_size`` bytes of ``path``, in order."""
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return [hashlib.sha256(b"").hexdigest()]
-        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
-            return [hashlib.sha256(view[o:o + chunk_size]).hexdigest() for o in range(0, size, chunk_size)]
+    mapped, view = _map(Path(path))
+    try:
+        size = len(view) if view is not None else 0
+        return [_hash(view, k, chunk_size) for k in range(chunk_count(size, chunk_size))]
+    finally:
+        if view is not None and mapped is not None:
+            view.release()
+            mapped.close()
 
 
 def manifest_section(root: Path, names: list[str], chunk_size: int = CHUNK_SIZE) -> dict:
